@@ -1,0 +1,34 @@
+# The two commands of the quickstart: `make up` runs warmgate on its embedded default
+# (three simulated instances behind the gateway on :8000), `make test` runs the checks.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+REDIS_URL ?= redis://127.0.0.1:6379
+NATIVE_SRC := $(wildcard tierd/native/*.c tierd/native/*.h tierd/native/*.cu)
+
+.PHONY: up test lint typecheck pytest clean
+
+$(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SRC)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+up: $(VENV)/.installed
+	$(VENV)/bin/warmgate up
+
+test: $(VENV)/.installed
+	REDIS_URL=$(REDIS_URL) bash scripts/ensure-redis.sh
+	$(MAKE) lint typecheck pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+pytest: $(VENV)/.installed
+	REDIS_URL=$(REDIS_URL) $(VENV)/bin/pytest -q -p no:cacheprovider --durations=15
+
+clean:
+	rm -rf $(VENV) build *.egg-info tierd/native/*.so

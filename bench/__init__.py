@@ -1,0 +1,1 @@
+"""Benchmarks: cluster simulation, router speed, live replay against peers, reports."""

@@ -1,0 +1,1 @@
+"""The HTTP edge: OpenAI API, proxy, admin REST, health, metrics, CLI."""

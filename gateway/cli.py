@@ -1,0 +1,49 @@
+"""`warmgate` command line: dispatches `warmgate <command> [<sub>] ...` to the module that owns
+it, imported only when used, so each command's module parses its own flags."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (command, subcommand or None) -> "module:function"; function(argv: list[str]) -> int
+COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
+    ("up", None): ("gateway.up:main", "start simulated engines + tierds + the gateway"),
+    ("serve", None): ("gateway.serve:main", "serve the gateway for configured instances"),
+    ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
+    ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
+    ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),
+    ("trace", "game"): ("sim.players.cli:main", "write a game-workload trace"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: warmgate <command> [<subcommand>] [options]", "", "commands:"]
+    for (cmd, sub), (_, help_text) in COMMANDS.items():
+        name = cmd if sub is None else f"{cmd} {sub}"
+        lines.append(f"  {name:<16} {help_text}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    cmd = args[0]
+    if (cmd, None) in COMMANDS:
+        target, rest = COMMANDS[(cmd, None)][0], args[1:]
+    elif len(args) > 1 and (cmd, args[1]) in COMMANDS:
+        target, rest = COMMANDS[(cmd, args[1])][0], args[2:]
+    else:
+        print(_usage(), file=sys.stderr)
+        return 2
+    module_name, func_name = target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    result: int = func(rest)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Routing policies: one file per policy, all behind the `Policy` protocol in `base`."""

@@ -1,0 +1,71 @@
+"""The values that cross the router's boundary: what a request looks like to a policy and
+what a policy decides. Plain dataclasses so the gateway, the cluster simulator and tests
+build them the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class Tier(IntEnum):
+    """Where a block's KV sits, fastest first. The value orders tiers by cost."""
+
+    L1 = 0  # accelerator memory (HBM) of that instance
+    L2 = 1  # that instance's host/local tier
+    ARRAY = 2  # the shared storage array: reachable from every instance
+    L3 = 3  # cold snapshots
+
+    @property
+    def label(self) -> str:
+        return _TIER_LABELS[self]
+
+
+_TIER_LABELS = {Tier.L1: "L1", Tier.L2: "L2", Tier.ARRAY: "array", Tier.L3: "L3"}
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One request as the router sees it."""
+
+    model: str
+    block_hashes: Sequence[int]  # chained hashes, one per full block, in prompt order
+    block_tokens: int  # tokens per block (approximate mode: an estimate)
+    prompt_tokens: int  # the prompt's length in tokens (estimate in approximate mode)
+    session_key: str | None = None  # prompt_cache_key, user or X-Session-Id
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    """How one instance looked to the policy: for explanations and tests."""
+
+    instance: str
+    cached_tokens_by_tier: dict[str, int]
+    in_flight: int
+    predicted_ttft_s: float | None = None
+    parts: dict[str, float] = field(default_factory=dict)  # e.g. queue_wait_s, load_s, prefill_s
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a policy chose and why. `fallbacks` are the next instances to try, in order."""
+
+    instance: str
+    policy: str
+    reason: str
+    cached_tokens: int = 0  # predicted cached tokens on the chosen instance, all tiers
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    predicted_ttft_s: float | None = None
+    fallbacks: tuple[str, ...] = ()
+    candidates: tuple[CandidateScore, ...] = ()
+
+
+class NoCandidateError(Exception):
+    """Raised by the router when no instance can take the request."""
+
+
+def ordered_fallbacks(chosen: str, ranked: Sequence[str]) -> tuple[str, ...]:
+    """Every other instance in the order of preference given, the chosen one left out."""
+    return tuple(i for i in ranked if i != chosen)

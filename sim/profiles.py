@@ -1,0 +1,146 @@
+"""Timing profiles: how long prefill and decode take on one inference instance, and how fast
+KV moves between its tiers. Shared by `sim.engine` (live) and `sim.cluster` (simulated time).
+
+Prefill of U uncached tokens after C cached ones (one request, or a batch's sum):
+
+    prefill_s = overhead + per_token * U + attention * U * (C + U / 2)
+
+the linear term being the model's dense FLOPs (2 x params per token) at a realistic MFU and
+the quadratic term attention over the context each new token sees. Decode, one step of a
+batch of B sequences whose KV totals K tokens:
+
+    step_s = step_base + per_seq * B + per_kv_token * K
+
+`step_base` reads the weights once per step (memory bound), `per_kv_token` reads each
+sequence's KV (bytes per token / HBM bandwidth). Each profile names its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class TierBandwidths:
+    """Bytes per second into accelerator memory from each slower tier."""
+
+    l2_to_l1: float = 25e9  # host DRAM -> HBM over PCIe Gen4 x16 (PROTOCOLS §6)
+    array_to_l1: float = 10e9  # shared NVMe-oF array, parallel reads, staged through host
+    l3_to_l1: float = 3e9  # compressed cold snapshots: read + decompress
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    source: str
+    kv_bytes_per_token: int
+    prefill_overhead_s: float
+    prefill_per_token_s: float
+    prefill_attention_s: float  # per (new token x context token)
+    step_base_s: float
+    step_per_seq_s: float
+    step_per_kv_token_s: float
+    kv_capacity_tokens: int  # HBM left for KV after weights and activations
+    max_batch_tokens: int = 8192  # chunked-prefill token budget per step
+    max_num_seqs: int = 64
+    bandwidths: TierBandwidths = TierBandwidths()
+
+    def prefill_seconds(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """Time to prefill `uncached_tokens` new tokens that follow `cached_tokens` cached ones."""
+        if uncached_tokens <= 0:
+            return self.prefill_overhead_s
+        u, c = float(uncached_tokens), float(cached_tokens)
+        return (
+            self.prefill_overhead_s
+            + self.prefill_per_token_s * u
+            + self.prefill_attention_s * u * (c + u / 2.0)
+        )
+
+    def decode_step_seconds(self, batch_size: int, kv_tokens: int) -> float:
+        """One decode step for `batch_size` sequences holding `kv_tokens` tokens of KV in all."""
+        if batch_size <= 0:
+            return 0.0
+        return (
+            self.step_base_s
+            + self.step_per_seq_s * batch_size
+            + self.step_per_kv_token_s * kv_tokens
+        )
+
+    def load_seconds(self, tokens: int, bandwidth_bytes_per_s: float) -> float:
+        """Time to bring `tokens` tokens of KV into HBM at the given bandwidth."""
+        if tokens <= 0:
+            return 0.0
+        return tokens * self.kv_bytes_per_token / bandwidth_bytes_per_s
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="qwen2.5-32b-h200",
+            source=(
+                "Qwen2.5-32B bf16 on one H200 (TP1), computed: 64 layers, 8 KV heads x 128 dims "
+                "-> 256 KiB KV/token; dense 2x32.8e9 FLOP/token at ~55% MFU of 989 TFLOP/s "
+                "-> 120 us/token (cross-check: Vidur's Llama-2-70B TP4/H100 fit, 52 us/token "
+                "per 17.5B-per-GPU, scales to ~95-150 us); attention 4x64x5120 FLOP per "
+                "(new, context) token pair -> 3.3e-9 s at 400 TFLOP/s; decode reads 65.5 GB "
+                "of weights at ~4.0 TB/s effective -> 16 ms/step, KV 256 KiB at 4.0 TB/s "
+                "-> 65 ns per KV token; 141 GB - 66 GB weights - 10 GB activations -> 65 GB "
+                "of KV = 250k tokens"
+            ),
+            kv_bytes_per_token=256 * 1024,
+            prefill_overhead_s=0.015,
+            prefill_per_token_s=120e-6,
+            prefill_attention_s=3.3e-9,
+            step_base_s=0.016,
+            step_per_seq_s=0.0002,
+            step_per_kv_token_s=65e-9,
+            kv_capacity_tokens=250_000,
+        ),
+        Profile(
+            name="llama3-8b-h100",
+            source=(
+                "Llama-3-8B bf16 on one H100, computed: 32 layers, 8 KV heads x 128 dims "
+                "-> 128 KiB KV/token; Vidur's Llama-2-7B/H100 linear fit 2.9 ms + 20 us/token "
+                "(PROTOCOLS §5) scaled to 8B -> 3 ms + 23 us/token; attention 4x32x4096 FLOP "
+                "per pair -> 1.3e-9 s at 400 TFLOP/s; decode 16 GB weights at 3.0 TB/s "
+                "-> 5.5 ms/step, KV 128 KiB at 3.0 TB/s -> 44 ns per KV token; "
+                "80 GB - 16 GB - 8 GB -> 56 GB of KV = 430k tokens"
+            ),
+            kv_bytes_per_token=128 * 1024,
+            prefill_overhead_s=0.003,
+            prefill_per_token_s=23e-6,
+            prefill_attention_s=1.3e-9,
+            step_base_s=0.0055,
+            step_per_seq_s=0.0001,
+            step_per_kv_token_s=44e-9,
+            kv_capacity_tokens=430_000,
+        ),
+        Profile(
+            name="zero",
+            source="no compute time at all: measures a gateway's own overhead",
+            kv_bytes_per_token=256 * 1024,
+            prefill_overhead_s=0.0,
+            prefill_per_token_s=0.0,
+            prefill_attention_s=0.0,
+            step_base_s=0.0,
+            step_per_seq_s=0.0,
+            step_per_kv_token_s=0.0,
+            kv_capacity_tokens=10_000_000,
+            bandwidths=TierBandwidths(l2_to_l1=1e18, array_to_l1=1e18, l3_to_l1=1e18),
+        ),
+    )
+}
+
+DEFAULT_PROFILE = "qwen2.5-32b-h200"
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}"
+        ) from None

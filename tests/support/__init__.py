@@ -1,0 +1,1 @@
+"""Helpers shared by tests: real processes on loopback, free ports, a real Redis."""
