@@ -1,0 +1,271 @@
+"""Live replay: send a workload to any OpenAI-compatible base URL at its real arrival times.
+
+Each request is scheduled at `start + at_s / compress`; a semaphore caps how many are in
+flight (a request that finds the cap full waits, and that wait is recorded separately from
+its TTFT, which is measured from the moment it is sent). Requests are streamed chat
+completions with `stream_options.include_usage`, so each record gets:
+
+- `ttft_s`: send -> first chunk carrying generated text;
+- `gaps_s`: the times between successive text chunks (inter-token gaps);
+- `e2e_s`: send -> end of stream;
+- `status`, `error`, usage (`prompt_tokens`, `completion_tokens`, `cached_tokens` from
+  `usage.prompt_tokens_details.cached_tokens`);
+- `instance`: from `x-warmgate-instance`, else the engine's `x-engine-instance` if the
+  gateway passes it through, else a header naming the upstream base URL (LiteLLM's
+  `x-litellm-model-api-base`) mapped through `instance_by_url`; else None, and the caller
+  attributes requests from the engines' own counters (`bench.engine_metrics`).
+
+A progress line goes to stderr (rewritten in place on a terminal, every 10 s otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+import httpx
+
+INSTANCE_HEADERS = ("x-warmgate-instance", "x-engine-instance")
+UPSTREAM_URL_HEADERS = ("x-litellm-model-api-base",)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayItem:
+    """One request of a workload: when it arrives (seconds from the start) and its body."""
+
+    at_s: float
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    session: str | None = None
+    tag: str = ""  # free-form origin (trace line, zone/player) for reports
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one replayed request measured."""
+
+    index: int
+    scheduled_s: float  # its arrival time after compression, from the replay's start
+    sent_s: float = 0.0  # when it actually went out (later than scheduled under the cap)
+    status: int = 0
+    ok: bool = False
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    instance: str | None = None
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (None for fewer than two tokens)."""
+        if self.ttft_s is None or self.e2e_s is None or self.completion_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_body(item: ReplayItem, model: str) -> dict[str, Any]:
+    """The chat-completions body for `item` (streamed, usage requested)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": item.messages,
+        "max_tokens": item.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    if item.session:
+        body["user"] = item.session
+        body["prompt_cache_key"] = item.session
+    return body
+
+
+def instance_from_headers(
+    headers: Mapping[str, str], instance_by_url: Mapping[str, str]
+) -> str | None:
+    """The serving instance named by a response's headers, if any header names it."""
+    for name in INSTANCE_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    for name in UPSTREAM_URL_HEADERS:
+        value = headers.get(name)
+        if value:
+            key = value.rstrip("/").removesuffix("/v1")
+            return instance_by_url.get(key, value)
+    return None
+
+
+def _chunk_text(chunk: Mapping[str, Any]) -> str:
+    text = ""
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        text += str(delta.get("content") or "") + str(choice.get("text") or "")
+    return text
+
+
+def _read_usage(record: RequestRecord, usage: Mapping[str, Any]) -> None:
+    record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    record.completion_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    if cached is not None:
+        record.cached_tokens = int(cached)
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    record: RequestRecord,
+    *,
+    instance_by_url: Mapping[str, str],
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Stream one chat completion and fill `record` (never raises for HTTP trouble)."""
+    start = time.perf_counter()
+    last: float | None = None
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            record.status = resp.status_code
+            record.instance = instance_from_headers(resp.headers, instance_by_url)
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                record.error = raw[:300].decode("utf-8", "replace")
+                return
+            got_done = False
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    got_done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    record.error = json.dumps(chunk["error"])[:300]
+                    return
+                now = time.perf_counter()
+                if _chunk_text(chunk):
+                    if last is None:
+                        record.ttft_s = now - start
+                    else:
+                        record.gaps_s.append(now - last)
+                    last = now
+                usage = chunk.get("usage")
+                if isinstance(usage, Mapping):
+                    _read_usage(record, usage)
+            record.e2e_s = time.perf_counter() - start
+            record.ok = got_done and record.ttft_s is not None
+            if not record.ok:
+                record.error = "stream ended without [DONE]" if not got_done else "no text"
+    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+class Progress:
+    """A one-line progress report on stderr."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total, self.label = total, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = self.errors = self.in_flight = 0
+        self._tty = self.stream.isatty()
+        self._start = time.monotonic()
+        self._last = 0.0
+
+    def update(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < (0.5 if self._tty else 10.0):
+            return
+        self._last = now
+        width = 30
+        filled = int(width * self.done / max(1, self.total))
+        line = (
+            f"[{self.label}] [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+            f" in flight {self.in_flight} errors {self.errors} {now - self._start:6.1f}s"
+        )
+        self.stream.write(("\r" + line) if self._tty else (line + "\n"))
+        if force and self._tty:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+async def replay(
+    base_url: str,
+    items: Sequence[ReplayItem],
+    *,
+    model: str,
+    compress: float = 1.0,
+    concurrency: int = 256,
+    closed_loop: bool = False,
+    instance_by_url: Mapping[str, str] | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    progress_label: str | None = "replay",
+) -> list[RequestRecord]:
+    """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
+
+    With `closed_loop`, arrival times are ignored: requests go out as fast as the
+    concurrency cap lets them (a fixed number of concurrent requests)."""
+    if compress <= 0 or concurrency <= 0:
+        raise ValueError("compress and concurrency must be positive")
+    url = base_url.rstrip("/") + "/chat/completions"
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+    by_url = dict(instance_by_url or {})
+    order = sorted(range(len(items)), key=lambda i: items[i].at_s)
+    t0 = items[order[0]].at_s if order else 0.0
+    records = [
+        RequestRecord(index=i, scheduled_s=0.0 if closed_loop else (it.at_s - t0) / compress)
+        for i, it in enumerate(items)
+    ]
+    progress = Progress(len(items), progress_label) if progress_label else None
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def run(i: int) -> None:
+            rec = records[i]
+            async with sem:
+                rec.sent_s = time.perf_counter() - start
+                if progress:
+                    progress.in_flight += 1
+                await send_one(
+                    client,
+                    url,
+                    build_body(items[i], model),
+                    rec,
+                    instance_by_url=by_url,
+                    headers=headers,
+                )
+            if progress:
+                progress.in_flight -= 1
+                progress.done += 1
+                progress.errors += 0 if rec.ok else 1
+                progress.update()
+
+        tasks: list[asyncio.Task[None]] = []
+        for i in order:
+            if not closed_loop:
+                delay = records[i].scheduled_s - (time.perf_counter() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(run(i)))
+            if closed_loop:
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+    if progress:
+        progress.update(force=True)
+    return records

@@ -1,0 +1,238 @@
+"""Turn replay records into the numbers of a comparison, and write `report.md`.
+
+`summarize` reduces one gateway's run to the fields of `results.json`: TTFT p50/p90/p99,
+time per output token and end-to-end p50, errors, the cached-token ratio (from each
+response's `usage.prompt_tokens_details.cached_tokens`; from the engines' prefix-cache
+counters when the gateway drops usage), the share of cached tokens by tier (engine
+counters), load imbalance (max / mean requests per instance, from the engines' own
+request counters, so a gateway cannot hide where it sent work) and throughput.
+
+Latencies are wall seconds measured by the client divided by the engines' time scale, so
+they read as the modelled hardware would serve them (the scale is written beside them).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from bench.engine_metrics import EngineDelta
+from bench.replay import RequestRecord
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) of `values`, None when there are none."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    engines: Mapping[str, EngineDelta] | None,
+    *,
+    time_scale: float = 1.0,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """The comparison fields for one gateway's run (see the module docstring)."""
+    ok = [r for r in records if r.ok]
+    k = 1.0 / time_scale
+    ttft = [r.ttft_s * k for r in ok if r.ttft_s is not None]
+    tpot = [t * k for r in ok if (t := r.tpot_s) is not None]
+    e2e = [r.e2e_s * k for r in ok if r.e2e_s is not None]
+    gaps = [g * k for r in ok for g in r.gaps_s]
+    prompt = sum(r.prompt_tokens for r in ok)
+    reported = [r for r in ok if r.cached_tokens is not None]
+    usage_ratio = (
+        sum(r.cached_tokens or 0 for r in reported) / max(1, sum(r.prompt_tokens for r in reported))
+        if reported
+        else None
+    )
+    by_header: dict[str, int] = {}
+    for r in ok:
+        if r.instance:
+            by_header[r.instance] = by_header.get(r.instance, 0) + 1
+    engine_requests = {i: d.requests for i, d in (engines or {}).items()}
+    counts: Mapping[str, float] = (
+        engine_requests if sum(engine_requests.values()) > 0 else by_header
+    )
+    imbalance = (
+        max(counts.values()) / (sum(counts.values()) / len(counts))
+        if counts and sum(counts.values()) > 0
+        else None
+    )
+    queries = sum(d.queries for d in (engines or {}).values())
+    hits = sum(d.hits for d in (engines or {}).values())
+    engine_ratio = hits / queries if queries > 0 else None
+    tiers: dict[str, float] = {}
+    for d in (engines or {}).values():
+        for tier, v in d.hits_by_tier.items():
+            tiers[tier] = tiers.get(tier, 0.0) + v
+    by_tier = {t: round(v / queries, 4) for t, v in sorted(tiers.items())} if queries else {}
+    completion = sum(r.completion_tokens for r in ok)
+    wall = duration_s * k if duration_s else None
+    return {
+        "requests": len(records),
+        "requests_ok": len(ok),
+        "errors": len(records) - len(ok),
+        "ttft_p50_s": _r(pct(ttft, 50)),
+        "ttft_p90_s": _r(pct(ttft, 90)),
+        "ttft_p99_s": _r(pct(ttft, 99)),
+        "ttft_mean_s": _r(float(np.mean(ttft)) if ttft else None),
+        "tpot_p50_s": _r(pct(tpot, 50), 5),
+        "itl_p99_s": _r(pct(gaps, 99), 5),
+        "e2e_p50_s": _r(pct(e2e, 50)),
+        "cached_token_ratio": _r(usage_ratio if usage_ratio is not None else engine_ratio),
+        "cached_token_ratio_source": "usage" if usage_ratio is not None else "engine counters",
+        "cached_token_ratio_engine": _r(engine_ratio),
+        "cached_token_ratio_by_tier": by_tier,
+        "load_imbalance": _r(imbalance, 3),
+        "requests_by_instance": {i: int(v) for i, v in sorted(counts.items())},
+        "instance_source": "engine counters" if counts is engine_requests else "headers",
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "throughput_rps": _r(len(ok) / wall if wall else None, 3),
+        "output_tokens_per_s": _r(completion / wall if wall else None, 1),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmark, for the report."""
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3f}{unit}"
+    return f"{v}{unit}"
+
+
+TABLE_COLUMNS = (
+    ("ttft_p50_s", "TTFT p50 s"),
+    ("ttft_p90_s", "TTFT p90 s"),
+    ("ttft_p99_s", "TTFT p99 s"),
+    ("tpot_p50_s", "TPOT p50 s"),
+    ("e2e_p50_s", "E2E p50 s"),
+    ("cached_token_ratio", "cached ratio"),
+    ("load_imbalance", "imbalance"),
+    ("requests", "requests"),
+    ("errors", "errors"),
+)
+
+
+def gateway_table(gateways: Mapping[str, Mapping[str, Any]]) -> str:
+    """The main Markdown table: one row per gateway."""
+    head = "| gateway | " + " | ".join(t for _, t in TABLE_COLUMNS) + " |"
+    sep = "|---|" + "---:|" * len(TABLE_COLUMNS)
+    rows = [head, sep]
+    for name, res in gateways.items():
+        if res.get("skipped"):
+            rows.append(f"| {name} | skipped: {res['skipped']} |" + " |" * (len(TABLE_COLUMNS) - 1))
+            continue
+        rows.append(f"| {name} | " + " | ".join(_fmt(res.get(k)) for k, _ in TABLE_COLUMNS) + " |")
+    return "\n".join(rows)
+
+
+def overhead_table(overhead: Mapping[str, Any]) -> str:
+    """Gateway overhead: added latency and the highest rate with p99 added < 10 ms."""
+    rows = [
+        "| gateway | mode | streams | added p50 ms | added p99 ms | max rate (p99 added < 10 ms) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, res in overhead.get("gateways", {}).items():
+        if res.get("skipped"):
+            rows.append(f"| {name} | skipped: {res['skipped']} | | | | |")
+            continue
+        for case in res.get("cases", []):
+            rate = case.get("max_rate_rps")
+            rate_s = "below lowest tried" if rate is None else f"{rate:g} req/s"
+            if case.get("max_rate_capped"):
+                rate_s = f"≥ {rate:g} req/s (highest tried)"
+            rows.append(
+                f"| {name} | {case['mode']} | {case['streams']} | "
+                f"{_fmt(case.get('added_p50_ms'))} | {_fmt(case.get('added_p99_ms'))} | "
+                f"{rate_s} |"
+            )
+    return "\n".join(rows)
+
+
+def claims_table(claims: Mapping[str, Any]) -> str:
+    """The seed's tiering claims next to what this run measured."""
+    rows = [
+        "| concurrent / instance | TTFT p50 tiers s | TTFT p50 no array s | change | "
+        "throughput tiers tok/s | no array tok/s | change |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in claims.get("cases", []):
+        rows.append(
+            f"| {case['concurrency_per_instance']} | {_fmt(case.get('ttft_p50_tiers_s'))} | "
+            f"{_fmt(case.get('ttft_p50_no_array_s'))} | "
+            f"{_fmt(case.get('ttft_p50_change_pct'), '%')}"
+            f" | {_fmt(case.get('throughput_tiers_tok_s'))} | "
+            f"{_fmt(case.get('throughput_no_array_tok_s'))} | "
+            f"{_fmt(case.get('throughput_change_pct'), '%')} |"
+        )
+    return "\n".join(rows)
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """report.md: what ran, the tables, the plots and the commands to reproduce it."""
+    cfg = results.get("config", {})
+    lines = [
+        f"# warmgate side-by-side: {results.get('name', '')}",
+        "",
+        f"Run {results.get('started_at', '')}; workload `{cfg.get('workload')}`, "
+        f"{cfg.get('instances')} simulated instances (profile `{cfg.get('profile')}`, "
+        f"time scale {cfg.get('time_scale')}, arrivals compressed {cfg.get('compress')}x), "
+        f"seed {cfg.get('seed')}. Latencies are wall seconds ÷ time scale, i.e. what the "
+        "modelled hardware would show.",
+        "",
+        "## Gateways",
+        "",
+        gateway_table(results.get("gateways", {})),
+        "",
+    ]
+    notes = results.get("notes") or []
+    if notes:
+        lines += ["Notes:", "", *[f"- {n}" for n in notes], ""]
+    if results.get("overhead"):
+        ov = results["overhead"]
+        lines += ["## Gateway overhead (zero-latency engines)", "", ov.get("method", ""), ""]
+        lines += [overhead_table(ov), ""]
+    if results.get("claims"):
+        cl = results["claims"]
+        lines += ["## The seed's tiering claims, measured", "", cl.get("method", ""), ""]
+        if cl.get("skipped"):
+            lines += [f"Not measured: {cl['skipped']}", ""]
+        else:
+            lines += [claims_table(cl), ""]
+        lines += [f"Seed's claim: {cl.get('seed_claim', '')}", ""]
+    plots = results.get("plots") or []
+    if plots:
+        lines += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
+    lines += ["## Reproduce", "", "```", results.get("command", ""), "```", ""]
+    m = results.get("machine", {})
+    lines += [
+        "## Machine",
+        "",
+        f"{m.get('cpus')} CPUs ({m.get('processor')}), {m.get('platform')}, "
+        f"Python {m.get('python')}. Load generator, gateway and engines share these cores.",
+        "",
+    ]
+    return "\n".join(lines)
