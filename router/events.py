@@ -1,0 +1,402 @@
+"""vLLM KV events: typed events, their msgpack wire encodings, and per-publisher sequencing.
+
+Wire format (vLLM `vllm/distributed/kv_events.py`; PROTOCOLS §1): a ZMQ message of three
+frames `topic | seq (8-byte big-endian) | payload`, the payload a msgpack array
+`[ts, events, data_parallel_rank?]`. Each event is encoded either as an array with its tag
+first and its fields in declaration order (older vLLM; fields were only ever appended, so
+extra trailing fields are ignored) or as a map with `"type"` naming the class and fields at
+their default omitted (vLLM PR #42892). Both decode to the same dataclasses; unknown event
+types are counted and skipped so a newer publisher never breaks us.
+
+Block hashes are published as ints (the low 64 bits of the big-endian digest) or as raw
+digest bytes; both are normalised to that same 64-bit int.
+
+`SeqTracker` is a pure state machine over one publisher's sequence numbers: the first batch
+is accepted as is, +1 is in order, a jump forward is a gap (batches were lost), a number at
+or below the last one is a restart (a new publisher counts from 0 again). On a gap or a
+restart the consumer must drop what it believed about that publisher's instance.
+
+Nothing here does I/O: the ZMQ consumer (gateway.kv_events), the Redis stream reader
+(gateway.shared), tierd and the simulated engine all share these functions.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import msgpack
+
+from router.index import ARRAY
+from router.types import Tier
+
+HASH_MASK = (1 << 64) - 1
+
+EventEncoding = Literal["array", "map"]
+
+
+class MalformedEventError(ValueError):
+    """A frame, batch or event that does not follow the wire format."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None  # "GPU", "CPU", "STORAGE" (vLLM); tierd: "GPU", "ARRAY", "SNAPSHOT"
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    ts: float
+    events: tuple[KvEvent, ...]
+    data_parallel_rank: int | None = None
+    skipped: int = 0  # events of types we do not know (counted, not an error)
+
+
+@dataclass(frozen=True, slots=True)
+class Frames:
+    topic: str
+    seq: int
+    payload: bytes
+
+
+# ---- hashes -----------------------------------------------------------------------------
+
+
+def normalize_hash(value: Any) -> int:
+    """An event's block hash as the 64-bit int vLLM publishes by default."""
+    if isinstance(value, bool):
+        raise MalformedEventError(f"block hash must be int or bytes, got {value!r}")
+    if isinstance(value, int):
+        return value & HASH_MASK
+    if isinstance(value, bytes | bytearray):
+        if not value:
+            raise MalformedEventError("empty block hash")
+        return int.from_bytes(value, "big") & HASH_MASK
+    raise MalformedEventError(f"block hash must be int or bytes, got {type(value).__name__}")
+
+
+def _hashes(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise MalformedEventError(f"{name} must be a list")
+    return tuple(normalize_hash(v) for v in value)
+
+
+def _opt_int(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedEventError(f"{name} must be an int or null")
+    return value
+
+
+def _opt_str(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise MalformedEventError(f"{name} must be a string or null")
+    return value
+
+
+def _tokens(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise MalformedEventError("token_ids must be a list of ints")
+    return tuple(value)
+
+
+# ---- decoding ---------------------------------------------------------------------------
+
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium")
+
+
+def _stored(f: Mapping[str, Any]) -> BlockStored:
+    if "block_hashes" not in f:
+        raise MalformedEventError("BlockStored without block_hashes")
+    parent = f.get("parent_block_hash")
+    return BlockStored(
+        block_hashes=_hashes(f["block_hashes"], "block_hashes"),
+        parent_block_hash=None if parent is None else normalize_hash(parent),
+        token_ids=_tokens(f.get("token_ids")),
+        block_size=_opt_int(f.get("block_size"), "block_size") or 0,
+        lora_id=_opt_int(f.get("lora_id"), "lora_id"),
+        medium=_opt_str(f.get("medium"), "medium"),
+        lora_name=_opt_str(f.get("lora_name"), "lora_name"),
+    )
+
+
+def _removed(f: Mapping[str, Any]) -> BlockRemoved:
+    if "block_hashes" not in f:
+        raise MalformedEventError("BlockRemoved without block_hashes")
+    return BlockRemoved(
+        block_hashes=_hashes(f["block_hashes"], "block_hashes"),
+        medium=_opt_str(f.get("medium"), "medium"),
+    )
+
+
+def _tag(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise MalformedEventError("event tag must be a string")
+    return value
+
+
+def decode_event(raw: Any) -> KvEvent | None:
+    """One event from either encoding; None for an event type we do not know."""
+    if isinstance(raw, list | tuple):
+        if not raw:
+            raise MalformedEventError("empty event array")
+        tag = _tag(raw[0])
+        values = list(raw[1:])
+        if tag == "BlockStored":
+            return _stored(dict(zip(_STORED_FIELDS, values, strict=False)))
+        if tag == "BlockRemoved":
+            return _removed(dict(zip(_REMOVED_FIELDS, values, strict=False)))
+    elif isinstance(raw, Mapping):
+        fields = {(_tag(k)): v for k, v in raw.items()}
+        if "type" not in fields:
+            raise MalformedEventError("event map without 'type'")
+        tag = _tag(fields["type"])
+        if tag == "BlockStored":
+            return _stored(fields)
+        if tag == "BlockRemoved":
+            return _removed(fields)
+    else:
+        raise MalformedEventError(f"event must be an array or a map, got {type(raw).__name__}")
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """The msgpack `EventBatch` payload. Raises `MalformedEventError` on anything invalid."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated exception types
+        raise MalformedEventError(f"payload is not msgpack: {exc}") from exc
+    if not isinstance(obj, list) or len(obj) < 2:
+        raise MalformedEventError("EventBatch must be an array [ts, events, dp_rank?]")
+    ts, raw_events = obj[0], obj[1]
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise MalformedEventError("EventBatch ts must be a number")
+    if not isinstance(raw_events, list):
+        raise MalformedEventError("EventBatch events must be an array")
+    rank = _opt_int(obj[2], "data_parallel_rank") if len(obj) > 2 else None
+    events: list[KvEvent] = []
+    skipped = 0
+    for raw in raw_events:
+        event = decode_event(raw)
+        if event is None:
+            skipped += 1
+        else:
+            events.append(event)
+    return EventBatch(float(ts), tuple(events), rank, skipped)
+
+
+def decode_frames(frames: Sequence[bytes]) -> Frames:
+    """`[topic, seq, payload]` as received from a SUB socket (seq: 8 bytes, big-endian)."""
+    if len(frames) != 3:
+        raise MalformedEventError(f"expected 3 frames, got {len(frames)}")
+    topic, seq_raw, payload = frames
+    if len(seq_raw) != 8:
+        raise MalformedEventError(f"sequence frame must be 8 bytes, got {len(seq_raw)}")
+    (seq,) = struct.unpack(">q", bytes(seq_raw))
+    return Frames(bytes(topic).decode("utf-8", "replace"), seq, bytes(payload))
+
+
+# ---- encoding ---------------------------------------------------------------------------
+
+
+def _stored_values(e: BlockStored) -> list[Any]:
+    return [
+        list(e.block_hashes),
+        e.parent_block_hash,
+        list(e.token_ids),
+        e.block_size,
+        e.lora_id,
+        e.medium,
+        e.lora_name,
+    ]
+
+
+def encode_event(event: KvEvent, encoding: EventEncoding = "array") -> Any:
+    """The msgpack-ready form of one event in the chosen encoding."""
+    keys: tuple[str, ...]
+    if isinstance(event, BlockStored):
+        name, keys, values = "BlockStored", _STORED_FIELDS, _stored_values(event)
+    elif isinstance(event, BlockRemoved):
+        name, keys, values = (
+            "BlockRemoved",
+            _REMOVED_FIELDS,
+            [list(event.block_hashes), event.medium],
+        )
+    else:
+        name, keys, values = "AllBlocksCleared", (), []
+    if encoding == "array":
+        return [name, *values]
+    # The fields we model have no default in vLLM's structs, so msgspec always writes them
+    # (the optional later fields, which it omits at their default, we do not produce).
+    out: dict[str, Any] = {"type": name}
+    out.update(zip(keys, values, strict=True))
+    return out
+
+
+def encode_batch(batch: EventBatch, encoding: EventEncoding = "array") -> bytes:
+    """The msgpack `EventBatch` payload; `data_parallel_rank` omitted when None."""
+    body: list[Any] = [batch.ts, [encode_event(e, encoding) for e in batch.events]]
+    if batch.data_parallel_rank is not None:
+        body.append(batch.data_parallel_rank)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+def encode_frames(topic: str, seq: int, payload: bytes) -> list[bytes]:
+    return [topic.encode(), struct.pack(">q", seq), payload]
+
+
+# ---- sequencing -------------------------------------------------------------------------
+
+
+class SeqStatus(enum.Enum):
+    FIRST = "first"  # the first batch seen from this publisher
+    IN_ORDER = "in_order"
+    GAP = "gap"  # batches were lost: what we believe about the instance is stale
+    RESTART = "restart"  # the publisher started over (seq went back)
+
+
+@dataclass(frozen=True, slots=True)
+class SeqVerdict:
+    status: SeqStatus
+    missed: int = 0  # batches lost (GAP only)
+
+    @property
+    def must_resync(self) -> bool:
+        return self.status in (SeqStatus.GAP, SeqStatus.RESTART)
+
+
+@dataclass(slots=True)
+class SeqTracker:
+    """One publisher's sequence: classify each batch and count gaps and restarts."""
+
+    last: int | None = None
+    gaps: int = 0
+    missed: int = 0
+    restarts: int = 0
+
+    def observe(self, seq: int) -> SeqVerdict:
+        last, self.last = self.last, seq
+        if last is None:
+            return SeqVerdict(SeqStatus.FIRST)
+        if seq == last + 1:
+            return SeqVerdict(SeqStatus.IN_ORDER)
+        if seq > last + 1:
+            self.gaps += 1
+            self.missed += seq - last - 1
+            return SeqVerdict(SeqStatus.GAP, missed=seq - last - 1)
+        self.restarts += 1
+        return SeqVerdict(SeqStatus.RESTART)
+
+    def reset(self) -> None:
+        self.last = None
+
+
+# ---- applying events to an index ---------------------------------------------------------
+
+
+class IndexSink(Protocol):
+    """What `apply_events` needs of `router.index.PrefixIndex`."""
+
+    def insert(self, instance: str, hashes: Sequence[int], tier: Tier) -> object: ...
+
+    def remove(self, instance: str, hashes: Sequence[int], tier: Tier | None) -> object: ...
+
+    def clear_instance(self, instance: str) -> object: ...
+
+
+def medium_target(
+    instance: str, medium: str | None, array_id: str = ARRAY
+) -> tuple[str, Tier] | None:
+    """Where a medium's blocks live in the index: GPU -> the instance's L1, CPU -> its L2,
+    STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> the instance's L3.
+    None (an unknown medium) means the event is skipped."""
+    m = (medium or "GPU").upper()
+    if m == "GPU":
+        return instance, Tier.L1
+    if m == "CPU":
+        return instance, Tier.L2
+    if m in ("STORAGE", "ARRAY"):
+        return array_id, Tier.ARRAY
+    if m == "SNAPSHOT":
+        return instance, Tier.L3
+    return None
+
+
+@dataclass(slots=True)
+class ApplyCounts:
+    stored: int = 0  # blocks inserted
+    removed: int = 0  # blocks removed
+    cleared: int = 0  # AllBlocksCleared events
+    unknown_medium: int = 0  # events skipped for a medium we cannot place
+    by_tier: dict[Tier, int] = field(default_factory=dict)
+
+
+def apply_events(
+    index: IndexSink, instance: str, events: Sequence[KvEvent], array_id: str = ARRAY
+) -> ApplyCounts:
+    """Feed one publisher's events into the index, for `instance`."""
+    counts = ApplyCounts()
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            index.clear_instance(instance)
+            counts.cleared += 1
+            continue
+        target = medium_target(instance, event.medium, array_id)
+        if target is None:
+            counts.unknown_medium += 1
+            continue
+        where, tier = target
+        if isinstance(event, BlockStored):
+            index.insert(where, list(event.block_hashes), tier)
+            counts.stored += len(event.block_hashes)
+            counts.by_tier[tier] = counts.by_tier.get(tier, 0) + len(event.block_hashes)
+        else:
+            index.remove(where, list(event.block_hashes), tier)
+            counts.removed += len(event.block_hashes)
+    return counts

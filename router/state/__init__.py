@@ -1,0 +1,1 @@
+"""Shared state for gateway replicas: one protocol (`base`), `memory` and `redis` backends."""
