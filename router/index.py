@@ -1,0 +1,367 @@
+"""The prefix index: which instance holds which block of a prompt's chain, and in which tier.
+
+How it works, and why it is this shape (memory is bounded and measured, lookups are hot):
+
+- One dict maps `block_hash -> packed int`. Each instance (including the pseudo-instance
+  `ARRAY`, the shared storage array) gets a small integer id and a 5-bit field in that int:
+  bit 0 L1 (reported), bit 1 L2, bit 2 ARRAY, bit 3 L3, bit 4 P (predicted L1, from
+  predict-on-route). Packed values repeat a lot, so they are interned (bounded): an entry
+  costs a dict slot and its key, not an object per instance.
+- Event-driven insertions (vLLM / tierd KV events) set the tier bits and never expire.
+- Predict-on-route insertions set the P bit and are TTL'd and bounded per instance. Each
+  call is one *batch* (one expiry, the hashes in chain order); a per-instance dict
+  `hash -> batch` says which batch owns a prediction, so re-predicting a chain refreshes it.
+  Batches sit in a deque in insertion order, which (one TTL per index) is also expiry
+  order: expiry pops whole batches from the front. Over capacity, the least recently
+  predicted batch loses blocks from its tail first, so what remains stays a prefix (like a
+  radix tree evicting leaves). Stale references in old batches are skipped by the owner
+  check and compacted away when they outnumber live ones.
+- `match()` walks the chain once: one dict lookup per block, consecutive blocks with the
+  same packed value form a segment, and the still-matching instances are a bit mask updated
+  only when the value changes. Each instance's leading run is then the segments before its
+  bit dropped, each counted at the best tier that instance can read it from (its own bits,
+  else `Tier.ARRAY` when the shared array holds the block). No prefix-closure assumption is
+  made, so a match is never longer than what was inserted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from router.types import Tier
+
+ARRAY = "__array__"  # pseudo-instance holding the blocks of the shared storage array
+
+_WIDTH = 5
+_FIELD = (1 << _WIDTH) - 1
+_PRED = 4  # bit offset of the predicted-L1 flag inside an instance's field
+_TIER_BIT = {Tier.L1: 0, Tier.L2: 1, Tier.ARRAY: 2, Tier.L3: 3}
+_INTERN_MAX = 1 << 16
+
+DEFAULT_TTL_S = 300.0
+DEFAULT_CAPACITY_BLOCKS = 1 << 20
+
+
+def _best_tier(field: int) -> Tier | None:
+    if field & 0b10001:
+        return Tier.L1
+    if field & 0b00010:
+        return Tier.L2
+    if field & 0b00100:
+        return Tier.ARRAY
+    if field & 0b01000:
+        return Tier.L3
+    return None
+
+
+# best tier by (own field, whether the shared array holds the block)
+_BEST: tuple[tuple[Tier | None, Tier | None], ...] = tuple(
+    (
+        _best_tier(f),
+        min((t for t in (_best_tier(f), Tier.ARRAY) if t is not None), default=None),
+    )
+    for f in range(1 << _WIDTH)
+)
+
+
+class _Batch:
+    """One predict-on-route insertion: its expiry and its hashes in chain order."""
+
+    __slots__ = ("expiry", "hashes")
+
+    def __init__(self, expiry: float, hashes: list[int]) -> None:
+        self.expiry = expiry
+        self.hashes = hashes
+
+
+class _Predictions:
+    """The TTL'd, capacity-bounded predictions of one instance."""
+
+    __slots__ = ("batches", "owner", "refs")
+
+    def __init__(self) -> None:
+        self.owner: dict[int, _Batch] = {}
+        self.batches: deque[_Batch] = deque()
+        self.refs = 0  # total length of the batches' hash lists (live + stale)
+
+
+class PrefixIndex:
+    """`block_hash -> {instance: tier}` with TTL'd predictions and event-fed residency."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        if capacity_blocks <= 0:
+            raise ValueError("capacity_blocks must be positive")
+        self.ttl_s = ttl_s
+        self.capacity_blocks = capacity_blocks
+        self._clock = clock
+        self._blocks: dict[int, int] = {}
+        self._intern: dict[int, int] = {}
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+        self._held: list[int] = []  # blocks held per instance id (any tier)
+        self._preds: list[_Predictions] = []
+        self._entries = 0
+        self._array_id = self._id(ARRAY)
+
+    # -- instance ids -------------------------------------------------------------------
+
+    def _id(self, instance: str) -> int:
+        iid = self._ids.get(instance)
+        if iid is None:
+            iid = len(self._names)
+            self._ids[instance] = iid
+            self._names.append(instance)
+            self._held.append(0)
+            self._preds.append(_Predictions())
+        return iid
+
+    def instances(self) -> list[str]:
+        """Every instance the index has seen, `ARRAY` excluded."""
+        return [n for n in self._names if n != ARRAY]
+
+    # -- packed values ------------------------------------------------------------------
+
+    def _store(self, h: int, value: int) -> None:
+        if value:
+            shared = self._intern.get(value)
+            if shared is None:
+                if len(self._intern) < _INTERN_MAX:
+                    self._intern[value] = value
+                shared = value
+            self._blocks[h] = shared
+        else:
+            self._blocks.pop(h, None)
+
+    def _set(self, iid: int, h: int, bits: int) -> None:
+        shift = iid * _WIDTH
+        old = self._blocks.get(h, 0)
+        if not (old >> shift) & _FIELD:
+            self._held[iid] += 1
+            self._entries += 1
+        new = old | (bits << shift)
+        if new != old:
+            self._store(h, new)
+
+    def _clear(self, iid: int, h: int, bits: int) -> None:
+        shift = iid * _WIDTH
+        old = self._blocks.get(h)
+        if old is None:
+            return
+        field = (old >> shift) & _FIELD
+        if not field & bits:
+            return
+        new = old & ~(bits << shift)
+        if not (new >> shift) & _FIELD:
+            self._held[iid] -= 1
+            self._entries -= 1
+        self._store(h, new)
+
+    # -- mutation -----------------------------------------------------------------------
+
+    def insert(
+        self,
+        instance: str,
+        hashes: Iterable[int],
+        tier: Tier = Tier.L1,
+        now: float | None = None,
+        *,
+        predicted: bool = False,
+    ) -> None:
+        """Record that `instance` holds `hashes` in `tier`.
+
+        `predicted=False` (KV events): kept until removed. `predicted=True` (predict-on-route,
+        L1 only): expires `ttl_s` after `now` and counts against `capacity_blocks`.
+        """
+        iid = self._id(instance)
+        if not predicted:
+            bit = 1 << _TIER_BIT[tier]
+            for h in hashes:
+                self._set(iid, h, bit)
+            return
+        if tier != Tier.L1:
+            raise ValueError("predictions are about L1 only")
+        t = self._clock() if now is None else now
+        preds = self._preds[iid]
+        self._expire(iid, t)
+        batch = _Batch(t + self.ttl_s, list(hashes))
+        owner = preds.owner
+        pbit = 1 << _PRED
+        for h in batch.hashes:
+            owner[h] = batch
+            self._set(iid, h, pbit)
+        preds.batches.append(batch)
+        preds.refs += len(batch.hashes)
+        self._evict_over_capacity(iid)
+        if preds.refs > 2 * len(owner) + 1024:
+            self._compact(iid)
+
+    def remove(self, instance: str, hashes: Iterable[int], tier: Tier | None = None) -> None:
+        """Forget `hashes` on `instance`: in `tier` only, or in every tier when None.
+        Removing L1 also drops an L1 prediction (the engine said it is gone)."""
+        iid = self._ids.get(instance)
+        if iid is None:
+            return
+        bits = _FIELD if tier is None else 1 << _TIER_BIT[tier]
+        if tier is None or tier == Tier.L1:
+            bits |= 1 << _PRED
+        owner = self._preds[iid].owner
+        for h in hashes:
+            self._clear(iid, h, bits)
+            if bits & (1 << _PRED):
+                owner.pop(h, None)
+
+    def clear_instance(self, instance: str) -> None:
+        """Forget everything about `instance` (publisher restart, sequence gap). O(entries)."""
+        iid = self._ids.get(instance)
+        if iid is None:
+            return
+        shift = iid * _WIDTH
+        mask = _FIELD << shift
+        blocks = self._blocks
+        touched = [h for h, v in blocks.items() if v & mask]
+        for h in touched:
+            self._store(h, blocks[h] & ~mask)
+        self._entries -= self._held[iid]
+        self._held[iid] = 0
+        self._preds[iid] = _Predictions()
+
+    def expire(self, now: float | None = None) -> None:
+        """Reclaim every expired prediction now (also done lazily on insert and match)."""
+        t = self._clock() if now is None else now
+        for iid in range(len(self._names)):
+            self._expire(iid, t)
+
+    def _drop_prediction(self, iid: int, h: int, batch: _Batch) -> None:
+        owner = self._preds[iid].owner
+        if owner.get(h) is batch:
+            del owner[h]
+            self._clear(iid, h, 1 << _PRED)
+
+    def _expire(self, iid: int, now: float) -> None:
+        preds = self._preds[iid]
+        batches = preds.batches
+        while batches and batches[0].expiry <= now:
+            batch = batches.popleft()
+            preds.refs -= len(batch.hashes)
+            for h in batch.hashes:
+                self._drop_prediction(iid, h, batch)
+
+    def _evict_over_capacity(self, iid: int) -> None:
+        preds = self._preds[iid]
+        batches = preds.batches
+        while len(preds.owner) > self.capacity_blocks and batches:
+            batch = batches[0]
+            while batch.hashes and len(preds.owner) > self.capacity_blocks:
+                h = batch.hashes.pop()
+                preds.refs -= 1
+                self._drop_prediction(iid, h, batch)
+            if not batch.hashes:
+                batches.popleft()
+
+    def _compact(self, iid: int) -> None:
+        preds = self._preds[iid]
+        owner = preds.owner
+        kept: deque[_Batch] = deque()
+        refs = 0
+        for batch in preds.batches:
+            batch.hashes = [h for h in batch.hashes if owner.get(h) is batch]
+            if batch.hashes:
+                kept.append(batch)
+                refs += len(batch.hashes)
+        preds.batches = kept
+        preds.refs = refs
+
+    # -- queries ------------------------------------------------------------------------
+
+    def match(
+        self, hashes: Sequence[int], instances: Sequence[str], now: float | None = None
+    ) -> dict[str, dict[Tier, int]]:
+        """Leading contiguous run of `hashes` per instance, counted by tier. Every requested
+        instance gets an entry (empty when it holds nothing of the chain)."""
+        result: dict[str, dict[Tier, int]] = {name: {} for name in instances}
+        t = self._clock() if now is None else now
+        ids: list[tuple[str, int]] = []
+        alive = 0
+        for name in instances:
+            iid = self._id(name)  # an unseen instance still reads the shared array
+            self._expire(iid, t)
+            ids.append((name, iid))
+            alive |= 1 << (iid * _WIDTH)
+        self._expire(self._array_id, t)
+        if not ids or not hashes:
+            return result
+        # presence of each instance's field, folded onto its lowest bit
+        low = alive
+        array_field = _FIELD << (self._array_id * _WIDTH)
+        get = self._blocks.get
+        segments: list[tuple[int, int, int]] = []  # (packed value, blocks, alive mask)
+        prev = -1
+        count = 0
+        for h in hashes:
+            v = get(h, 0)
+            if v != prev:
+                if count:
+                    segments.append((prev, count, alive))
+                    count = 0
+                if not v & array_field:  # the shared array serves every instance
+                    alive &= (v | v >> 1 | v >> 2 | v >> 3 | v >> 4) & low
+                if not alive:
+                    prev = -1
+                    break
+                prev = v
+            count += 1
+        if count:
+            segments.append((prev, count, alive))
+        if not segments:
+            return result
+        ashift = self._array_id * _WIDTH
+        for name, iid in ids:
+            bit = 1 << (iid * _WIDTH)
+            shift = iid * _WIDTH
+            counts = result[name]
+            for v, n, seg_alive in segments:
+                if not seg_alive & bit:
+                    break
+                in_array = 1 if (v >> ashift) & _FIELD else 0
+                tier = _BEST[(v >> shift) & _FIELD][in_array]
+                if tier is None:  # unreachable: alive implies present
+                    break
+                counts[tier] = counts.get(tier, 0) + n
+        return result
+
+    def blocks_held(self, instance: str) -> int:
+        """Blocks the index believes `instance` holds, any tier, predictions included."""
+        iid = self._ids.get(instance)
+        return 0 if iid is None else self._held[iid]
+
+    def predicted_held(self, instance: str) -> int:
+        """Live (possibly not yet reclaimed) predictions for `instance`."""
+        iid = self._ids.get(instance)
+        return 0 if iid is None else len(self._preds[iid].owner)
+
+    def __len__(self) -> int:
+        """Entries: (block, instance) pairs, `ARRAY` counted as one instance."""
+        return self._entries
+
+    def distinct_blocks(self) -> int:
+        return len(self._blocks)
+
+    def stats(self) -> Mapping[str, object]:
+        return {
+            "entries": self._entries,
+            "distinct_blocks": len(self._blocks),
+            "blocks_by_instance": {n: self._held[i] for i, n in enumerate(self._names)},
+            "predicted_by_instance": {
+                n: len(self._preds[i].owner) for i, n in enumerate(self._names)
+            },
+        }

@@ -1,0 +1,78 @@
+"""prefix: the cache_aware policy of the SGLang model gateway (sgl-router / smg), faithfully.
+
+Algorithm (PROTOCOLS §3), load = requests in flight at the router:
+1. If the load is imbalanced, i.e. `max_load - min_load > balance_abs_threshold` AND
+   `max_load > min_load * balance_rel_threshold`, pick the least loaded instance.
+2. Else, with `match_rate = matched blocks / request blocks` per instance, if the best
+   `match_rate > cache_threshold`, pick the best-matching instance.
+3. Else pick the least loaded instance (later SMG), or with `fallback="smallest_tree"` the
+   instance that holds the fewest blocks (the original sgl-router).
+
+SMG's tree per worker is what it routed there (our predict-on-route L1 entries); blocks the
+instance itself holds in L2/L3 (known from events) count as matched too, while the shared
+array does not, as it is equally reachable from everyone (`count_tiers` changes that).
+Ties: least loaded first (then fewer queued prefill tokens), then candidate order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from router.policies.base import InstanceView, Outcome
+from router.policies.scoring import load_key, make_decision, rank_by_load
+from router.types import Decision, RouteRequest, Tier
+
+DEFAULT_COUNT_TIERS = (Tier.L1, Tier.L2, Tier.L3)
+
+
+class PrefixPolicy:
+    name = "prefix"
+
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        fallback: str = "least_load",
+        count_tiers: Iterable[Tier] = DEFAULT_COUNT_TIERS,
+    ) -> None:
+        if fallback not in ("least_load", "smallest_tree"):
+            raise ValueError("fallback must be 'least_load' or 'smallest_tree'")
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.fallback = fallback
+        self.count_tiers = frozenset(count_tiers)
+
+    def _matched(self, view: InstanceView) -> int:
+        return sum(n for t, n in view.matched_blocks.items() if t in self.count_tiers)
+
+    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        loads = [v.in_flight for v in candidates]
+        max_load, min_load = max(loads), min(loads)
+        if (
+            max_load - min_load > self.balance_abs_threshold
+            and max_load > min_load * self.balance_rel_threshold
+        ):
+            reason = f"imbalanced load (max {max_load}, min {min_load}): least loaded"
+            return make_decision(request, self.name, reason, rank_by_load(candidates), candidates)
+
+        total = len(request.block_hashes)
+        ranked = sorted(candidates, key=lambda v: (-self._matched(v), load_key(v)))
+        best = ranked[0]
+        rate = self._matched(best) / total if total else 0.0
+        if rate > self.cache_threshold:
+            reason = f"match rate {rate:.3f} > {self.cache_threshold}: best match"
+            return make_decision(request, self.name, reason, ranked, candidates)
+
+        if self.fallback == "smallest_tree":
+            ranked = sorted(candidates, key=lambda v: (v.cached_blocks_total, load_key(v)))
+            reason = f"match rate {rate:.3f} <= {self.cache_threshold}: smallest tree"
+        else:
+            ranked = rank_by_load(candidates)
+            reason = f"match rate {rate:.3f} <= {self.cache_threshold}: least loaded"
+        return make_decision(request, self.name, reason, ranked, candidates)
+
+    def observe(self, outcome: Outcome) -> None:
+        return None

@@ -1,0 +1,30 @@
+"""round_robin: the plainest baseline. A cursor advances by one on every decision and picks
+`candidates[cursor % n]`; the fallbacks are the instances after it in the same rotation.
+It ignores cache and load on purpose."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.policies.base import InstanceView, Outcome
+from router.policies.scoring import make_decision
+from router.types import Decision, RouteRequest
+
+
+class RoundRobinPolicy:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._cursor = 0
+
+    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        n = len(candidates)
+        start = self._cursor % n
+        self._cursor += 1
+        ranked = [candidates[(start + k) % n] for k in range(n)]
+        return make_decision(
+            request, self.name, f"rotation slot {start} of {n}", ranked, candidates
+        )
+
+    def observe(self, outcome: Outcome) -> None:
+        return None

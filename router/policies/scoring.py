@@ -1,0 +1,64 @@
+"""Helpers shared by the policies: turning an `InstanceView` into the explanation a
+`Decision` carries (cached tokens by tier label, `CandidateScore`) and ranking by load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from router.policies.base import InstanceView
+from router.types import CandidateScore, Decision, RouteRequest, Tier, ordered_fallbacks
+
+
+def cached_tokens_by_tier(
+    request: RouteRequest, matched_blocks: Mapping[Tier, int]
+) -> dict[str, int]:
+    """Matched blocks turned into tokens, keyed by `Tier.label`, capped at the prompt."""
+    out: dict[str, int] = {}
+    left = max(0, request.prompt_tokens)
+    for tier in sorted(matched_blocks):
+        tokens = min(left, matched_blocks[tier] * request.block_tokens)
+        if tokens > 0:
+            out[tier.label] = tokens
+            left -= tokens
+    return out
+
+
+def candidate_score(request: RouteRequest, view: InstanceView) -> CandidateScore:
+    return CandidateScore(
+        instance=view.id,
+        cached_tokens_by_tier=cached_tokens_by_tier(request, view.matched_blocks),
+        in_flight=view.in_flight,
+    )
+
+
+def load_key(view: InstanceView) -> tuple[int, int]:
+    """Least loaded first: fewest in flight, then fewest queued prefill tokens."""
+    return view.in_flight, view.queued_prefill_tokens
+
+
+def rank_by_load(candidates: Sequence[InstanceView]) -> list[InstanceView]:
+    """Candidates least loaded first; ties keep the given order (sorted is stable)."""
+    return sorted(candidates, key=load_key)
+
+
+def make_decision(
+    request: RouteRequest,
+    policy: str,
+    reason: str,
+    ranked: Iterable[InstanceView],
+    candidates: Sequence[InstanceView],
+) -> Decision:
+    """The decision for the first of `ranked`, the rest as fallbacks, every candidate scored."""
+    order = list(ranked)
+    chosen = order[0]
+    scores = tuple(candidate_score(request, v) for v in candidates)
+    by_tier = next(s.cached_tokens_by_tier for s in scores if s.instance == chosen.id)
+    return Decision(
+        instance=chosen.id,
+        policy=policy,
+        reason=reason,
+        cached_tokens=sum(by_tier.values()),
+        cached_tokens_by_tier=by_tier,
+        fallbacks=ordered_fallbacks(chosen.id, [v.id for v in order]),
+        candidates=scores,
+    )

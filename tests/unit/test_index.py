@@ -1,0 +1,179 @@
+"""PrefixIndex: leading runs by tier, the shared array, TTL'd predictions, capacity bounds,
+removal, and (hypothesis) never a longer match than what was inserted."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.index import ARRAY, PrefixIndex
+from router.types import Tier
+
+
+class FakeClockless:
+    """Not a fake of our code: a plain settable time source."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_leading_run_by_tier_and_break_on_gap() -> None:
+    idx = PrefixIndex()
+    idx.insert("a", [1, 2, 3], Tier.L1)
+    idx.insert("a", [4, 5], Tier.L2)
+    idx.insert("a", [7], Tier.L1)  # after a gap at 6: not part of the leading run
+    idx.insert("b", [1], Tier.L3)
+    m = idx.match([1, 2, 3, 4, 5, 6, 7], ["a", "b", "c"])
+    assert m == {"a": {Tier.L1: 3, Tier.L2: 2}, "b": {Tier.L3: 1}, "c": {}}
+    assert len(idx) == 7
+    assert idx.blocks_held("a") == 6
+    assert idx.blocks_held("b") == 1
+
+
+def test_best_tier_wins_when_held_twice() -> None:
+    idx = PrefixIndex()
+    idx.insert("a", [1, 2], Tier.L2)
+    idx.insert("a", [1], Tier.L1)
+    assert idx.match([1, 2], ["a"]) == {"a": {Tier.L1: 1, Tier.L2: 1}}
+    idx.remove("a", [1], Tier.L1)
+    assert idx.match([1, 2], ["a"]) == {"a": {Tier.L2: 2}}
+    assert len(idx) == 2
+
+
+def test_array_counts_for_every_instance_unless_held_better() -> None:
+    idx = PrefixIndex()
+    idx.insert(ARRAY, [1, 2, 3])
+    idx.insert("a", [1], Tier.L1)
+    idx.insert("b", [1, 2, 3, 4], Tier.L3)
+    m = idx.match([1, 2, 3, 4], ["a", "b", "c"])
+    assert m["a"] == {Tier.L1: 1, Tier.ARRAY: 2}
+    assert m["b"] == {Tier.ARRAY: 3, Tier.L3: 1}
+    assert m["c"] == {Tier.ARRAY: 3}  # never seen before, still reads the array
+    assert ARRAY not in idx.instances()
+
+
+def test_predictions_expire_after_ttl() -> None:
+    clock = FakeClockless()
+    idx = PrefixIndex(ttl_s=10.0, clock=clock)
+    idx.insert("a", [1, 2, 3], Tier.L1, predicted=True)
+    clock.t += 9.0
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 3}}
+    clock.t += 1.0
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {}}
+    assert len(idx) == 0
+    assert idx.distinct_blocks() == 0
+
+
+def test_refresh_extends_a_prediction() -> None:
+    clock = FakeClockless()
+    idx = PrefixIndex(ttl_s=10.0, clock=clock)
+    idx.insert("a", [1, 2, 3], predicted=True)
+    clock.t += 6.0
+    idx.insert("a", [1, 2], predicted=True)  # block 3 not refreshed
+    clock.t += 6.0
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
+    assert idx.predicted_held("a") == 2
+
+
+def test_events_do_not_expire_and_survive_prediction_expiry() -> None:
+    clock = FakeClockless()
+    idx = PrefixIndex(ttl_s=10.0, clock=clock)
+    idx.insert("a", [1, 2], Tier.L1)
+    idx.insert("a", [1, 2, 3], predicted=True)
+    clock.t += 100.0
+    idx.expire()
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
+    assert len(idx) == 2
+
+
+def test_capacity_evicts_least_recent_chain_tail_first() -> None:
+    clock = FakeClockless()
+    idx = PrefixIndex(capacity_blocks=5, clock=clock)
+    idx.insert("a", [1, 2, 3], predicted=True)
+    clock.t += 1
+    idx.insert("a", [10, 11, 12], predicted=True)
+    assert idx.predicted_held("a") == 5
+    # the older chain lost its tail, its head still matches
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
+    assert idx.match([10, 11, 12], ["a"]) == {"a": {Tier.L1: 3}}
+    # another instance has its own bound
+    idx.insert("b", [1, 2, 3, 4, 5], predicted=True)
+    assert idx.predicted_held("b") == 5
+    assert len(idx) == 10
+
+
+def test_remove_drops_prediction_and_clear_instance() -> None:
+    idx = PrefixIndex()
+    idx.insert("a", [1, 2, 3], predicted=True)
+    idx.insert("b", [1, 2, 3], Tier.L2)
+    idx.remove("a", [2], Tier.L1)
+    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {Tier.L1: 1}, "b": {Tier.L2: 3}}
+    idx.remove("b", [3])
+    idx.clear_instance("a")
+    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {}, "b": {Tier.L2: 2}}
+    assert len(idx) == 2
+    assert idx.blocks_held("a") == 0
+    idx.remove("nobody", [1])  # unknown instance: nothing happens
+
+
+tier_st = st.sampled_from(list(Tier))
+inst_st = st.sampled_from(["a", "b", "c", ARRAY])
+op_st = st.tuples(
+    st.sampled_from(["insert", "predict", "remove", "clear"]),
+    inst_st,
+    st.lists(st.integers(0, 12), max_size=8),
+    tier_st,
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(op_st, max_size=30), query=st.lists(st.integers(0, 12), max_size=12))
+def test_never_reports_more_than_inserted(
+    ops: list[tuple[str, str, list[int], Tier, bool]], query: list[int]
+) -> None:
+    """Against a plain model of what is held: the reported run is exactly the model's."""
+    idx = PrefixIndex(capacity_blocks=1 << 20)
+    model: dict[str, dict[int, set[Tier]]] = {}
+    for op, inst, hashes, tier, whole in ops:
+        held = model.setdefault(inst, {})
+        if op == "insert":
+            idx.insert(inst, hashes, tier)
+            for h in hashes:
+                held.setdefault(h, set()).add(tier)
+        elif op == "predict":
+            idx.insert(inst, hashes, Tier.L1, predicted=True)
+            for h in hashes:
+                held.setdefault(h, set()).add(Tier.L1)
+        elif op == "remove":
+            idx.remove(inst, hashes, None if whole else tier)
+            for h in hashes:
+                tiers = held.get(h, set())
+                if whole:
+                    tiers.clear()
+                else:
+                    tiers.discard(tier)
+                if not tiers:
+                    held.pop(h, None)
+        else:
+            idx.clear_instance(inst)
+            held.clear()
+    names = ["a", "b", "c"]
+    got = idx.match(query, names)
+    array = model.get(ARRAY, {})
+    for name in names:
+        held = model.get(name, {})
+        want: dict[Tier, int] = {}
+        for h in query:
+            tiers = set(held.get(h, set()))
+            if h in array:
+                tiers.add(Tier.ARRAY)
+            if not tiers:
+                break
+            best = min(tiers)
+            want[best] = want.get(best, 0) + 1
+        assert got[name] == want
+    assert len(idx) == sum(len(h) for h in model.values())
