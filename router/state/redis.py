@@ -53,8 +53,10 @@ _PUBLISH_INFLIGHT = (
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
+-- the keys outlive their longest-lived replica, never cut short by a shorter TTL
+for i = 1, 2 do
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
 return 1
 """
 )
