@@ -1,0 +1,152 @@
+"""The engine proper: tokenizer, block hasher, prefix cache, scheduler, metrics and KV event
+publisher of one simulated instance, built together and started/stopped together.
+
+`prepare` turns a request's prompt into a `Sequence` (tokenising and hashing off the event
+loop), `submit` hands it to the scheduler, whose outputs arrive on the sequence's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sim.engine.block_hash import BlockHasher
+from sim.engine.config import EngineConfig
+from sim.engine.kv_events import KVEvent, KVEventPublisher
+from sim.engine.metrics import EngineMetrics
+from sim.engine.openai_api import APIError, GenerationParams, bad, new_id
+from sim.engine.output import OutputText
+from sim.engine.prefix_cache import PrefixCache
+from sim.engine.scheduler import Scheduler
+from sim.engine.sequence import Sequence as Seq
+from sim.engine.textgen import TextGenerator
+from sim.profiles import get_profile
+from sim.tokenizer import Tokenizer
+
+log = logging.getLogger("sim.engine")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    messages: Sequence[Mapping[str, Any]]
+    tools: list[Any] | None = None
+
+
+Prompt = str | list[int] | ChatPrompt
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.profile = get_profile(config.profile)
+        capacity = config.kv_capacity_tokens or self.profile.kv_capacity_tokens
+        self.tokenizer = Tokenizer()
+        self.hasher = BlockHasher(config.block_tokens, config.block_hash, config.hash_seed)
+        self.cache = PrefixCache(capacity, config.block_tokens)
+        self.max_model_len = min(config.max_model_len, self.cache.num_blocks * config.block_tokens)
+        self.publisher: KVEventPublisher | None = None
+        if config.kv_events_endpoint:
+            self.publisher = KVEventPublisher(
+                config.kv_events_endpoint, config.kv_events_topic, config.kv_events_encoding
+            )
+        self.scheduler = Scheduler(
+            self.profile,
+            self.cache,
+            self.hasher,
+            time_scale=config.time_scale,
+            publish=self._publish if self.publisher else None,
+            max_batch_tokens=config.max_batch_tokens,
+            max_num_seqs=config.max_num_seqs,
+        )
+        self.metrics = EngineMetrics(config.model, self.scheduler.gauges)
+        self.scheduler.metrics = self.metrics
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.scheduler.run(), name="sim-engine-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.publisher is not None:
+            self.publisher.close()
+
+    @property
+    def healthy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _publish(self, events: list[KVEvent]) -> None:
+        assert self.publisher is not None
+        await self.publisher.publish(events)
+
+    # -- requests ------------------------------------------------------------------------
+    def check_model(self, model: str) -> None:
+        if model != self.config.model:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[Any] | None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        return self.tokenizer.encode_chat(messages, tools, add_generation_prompt)
+
+    def _prepare_sync(self, prompt: Prompt, salt: str | None) -> tuple[list[int], list[bytes]]:
+        if isinstance(prompt, ChatPrompt):
+            ids = self.tokenizer.encode_chat(prompt.messages, prompt.tools)
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        return ids, self.hasher.chain(ids, cache_salt=salt)
+
+    async def prepare(self, params: GenerationParams, prompt: Prompt) -> Seq:
+        """Tokenise and hash the prompt (in a thread), check lengths, build the sequence."""
+        ids, hashes = await asyncio.to_thread(self._prepare_sync, prompt, params.cache_salt)
+        if not ids:
+            raise bad(
+                "the prompt is empty", "messages" if isinstance(prompt, ChatPrompt) else "prompt"
+            )
+        n = len(ids)
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = self.max_model_len - n
+        if max_tokens < 1 or n + max_tokens > self.max_model_len:
+            raise bad(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {n + max(max_tokens, 1)} tokens ({n} in the messages, "
+                f"{max(max_tokens, 1)} in the completion). Please reduce the length of the "
+                "messages or completion.",
+                "max_tokens" if params.max_tokens is not None else "messages",
+            )
+        generator = TextGenerator(ids, seed=self.config.seed, request_seed=params.seed)
+        return Seq(
+            request_id=new_id("req"),
+            prompt_ids=ids,
+            prompt_hashes=hashes,
+            max_tokens=max_tokens,
+            generator=generator,
+            output=OutputText(params.stop),
+            ignore_eos=params.ignore_eos,
+        )
+
+    def submit(self, seq: Seq) -> None:
+        try:
+            self.scheduler.submit(seq)
+        except ValueError as exc:
+            raise bad(str(exc), "max_tokens") from None
+
+    def abort(self, seq: Seq) -> None:
+        self.scheduler.abort(seq)

@@ -1,0 +1,138 @@
+"""A deterministic stand-in tokenizer with a ChatML chat template (Qwen2.5's layout).
+
+How it works: text is cut by a GPT-2-style regex into pieces (an optional leading space plus
+a run of letters, a digit, a run of punctuation, or whitespace); letter runs longer than
+four characters are cut into four-letter chunks, which gives roughly four characters a
+token on English text, like a BPE vocabulary. Each piece maps to a stable id: the special
+tokens have Qwen2.5's ids, every other piece `N_SPECIAL_FREE + xxh3_64(piece) mod SPAN`, so
+the same text always gives the same ids in every process. Decoding is the concatenation of
+pieces, which the tokenizer remembers for every id it produced (hash collisions aside,
+`decode(encode(t)) == t`).
+
+The chat template renders `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (tools as
+a system block first) and, with `add_generation_prompt`, a trailing `<|im_start|>assistant\\n`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+VOCAB_SIZE = 151_643
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+SPECIAL_TOKENS: dict[str, int] = {END_OF_TEXT: 151_643, IM_START: 151_644, IM_END: 151_645}
+_FIRST_ID = 256  # ids below are left free, as byte-level vocabularies reserve them
+_SPAN = VOCAB_SIZE - _FIRST_ID
+_MAX_LETTERS = 4
+
+_SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
+_PIECE_RE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\s\w]+|\s+(?!\S)|\s+", re.UNICODE)
+
+
+def piece_id(piece: str) -> int:
+    """The stable id of one ordinary piece."""
+    special = SPECIAL_TOKENS.get(piece)
+    if special is not None:
+        return special
+    return _FIRST_ID + xxhash.xxh3_64_intdigest(piece.encode()) % _SPAN
+
+
+def split_pieces(text: str) -> list[str]:
+    """Cut `text` into token pieces (special tokens kept whole)."""
+    pieces: list[str] = []
+    for part in _SPECIAL_RE.split(text):
+        if not part:
+            continue
+        if part in SPECIAL_TOKENS:
+            pieces.append(part)
+            continue
+        for m in _PIECE_RE.finditer(part):
+            piece = m.group(0)
+            letters = piece.lstrip(" ")
+            if len(letters) > _MAX_LETTERS and letters.isalpha():
+                lead = piece[: len(piece) - len(letters)]
+                chunks = [letters[i : i + _MAX_LETTERS] for i in range(0, len(letters), 4)]
+                pieces.append(lead + chunks[0])
+                pieces.extend(chunks[1:])
+            else:
+                pieces.append(piece)
+    return pieces
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping):
+                if part.get("type") == "text":
+                    out.append(str(part.get("text", "")))
+                else:  # images and the like: their identity stands in for their tokens
+                    out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+            else:
+                out.append(str(part))
+        return "".join(out)
+    return json.dumps(content, sort_keys=True, separators=(",", ":"))
+
+
+def render_chat(
+    messages: Iterable[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The ChatML text of a conversation, as Qwen2.5's template lays it out."""
+    parts: list[str] = []
+    if tools:
+        tools_json = json.dumps(list(tools), sort_keys=True, separators=(",", ":"))
+        parts.append(f"{IM_START}system\n# Tools\n{tools_json}{IM_END}\n")
+    for message in messages:
+        role = str(message.get("role", "user"))
+        body = _content_text(message.get("content"))
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            body += "\n" + json.dumps(tool_calls, sort_keys=True, separators=(",", ":"))
+        parts.append(f"{IM_START}{role}\n{body}{IM_END}\n")
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+@dataclass
+class Tokenizer:
+    """Encodes text to stable ids and decodes ids it has produced."""
+
+    _pieces: dict[int, str] = field(default_factory=dict)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in split_pieces(text):
+            tid = piece_id(piece)
+            self._pieces.setdefault(tid, piece)
+            ids.append(tid)
+        return ids
+
+    def tokenize(self, text: str) -> list[tuple[int, str]]:
+        """(id, piece) pairs of `text`."""
+        return [(piece_id(p), p) for p in split_pieces(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids; an id never produced by this tokenizer decodes to `<|id|>`."""
+        return "".join(self._pieces.get(t, f"<|{t}|>") for t in ids)
+
+    def encode_chat(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        return self.encode(render_chat(messages, tools, add_generation_prompt))
