@@ -1,0 +1,127 @@
+"""Admin REST: what the gateway believes and why.
+
+- `GET /admin/instances`: each instance's health (state and why), load, cached tokens the
+  index believes it holds, and its tierd's last stats;
+- `GET /admin/stats`: cluster totals (requests by outcome, predicted vs reported cached
+  tokens, TTFT p50/p99 over the sliding window) plus the router's own counters;
+- `GET /admin/sessions/{key}`: where a player's KV is believed to be, by tier, and why;
+- `POST /admin/route/explain`: a dry run of routing on a completion request body: every
+  candidate's view (cached tokens by tier, load, predicted TTFT and its parts), the choice,
+  the reason and the fallbacks; nothing is sent and no state changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway.errors import model_not_found, no_healthy_instance
+from gateway.parse import parse_chat, parse_completion, parse_json_object, read_body, route_request
+from gateway.state import app_state
+from router.types import NoCandidateError
+
+
+def build_admin_router() -> APIRouter:
+    router = APIRouter(prefix="/admin")
+
+    @router.get("/instances")
+    async def instances(request: Request) -> JSONResponse:
+        state = app_state(request)
+        block_tokens = state.settings.routing.block_tokens
+        out: list[dict[str, Any]] = []
+        for inst in state.settings.instances:
+            in_flight, queued = state.router.load.view(inst.id)
+            blocks = state.router.index.blocks_held(inst.id)
+            out.append(
+                {
+                    "id": inst.id,
+                    "url": inst.url,
+                    "tierd_url": inst.tierd_url,
+                    "models": state.health.models_of(inst.id),
+                    "health": state.health.health[inst.id].to_dict(),
+                    "in_flight": in_flight,
+                    "local_in_flight": state.router.load.local_in_flight(inst.id),
+                    "queued_prefill_tokens": queued,
+                    "cached_blocks_believed": blocks,
+                    "cached_tokens_believed": blocks * block_tokens,
+                    "tierd_stats": state.tier_stats.get(inst.id),
+                }
+            )
+        return JSONResponse({"instances": out})
+
+    @router.get("/stats")
+    async def stats(request: Request) -> JSONResponse:
+        state = app_state(request)
+        return JSONResponse(
+            {
+                **state.stats.to_dict(),
+                "healthy_instances": len(state.health.healthy_ids()),
+                "router": state.router.stats(),
+            }
+        )
+
+    @router.get("/sessions/{key}")
+    async def session(key: str, request: Request) -> JSONResponse:
+        state = app_state(request)
+        where = state.router.where(key)
+        status = 200 if where.get("known") else 404
+        if status == 404:
+            where["why"] = "no request with this session key has been routed by this gateway"
+        else:
+            where["why"] = (
+                f"last routed to {where.get('last_instance')} ({where.get('last_reason')}); "
+                "per-instance tokens are the leading run of its last prompt's blocks "
+                "the index holds, by tier"
+            )
+        return JSONResponse(where, status_code=status)
+
+    @router.post("/route/explain")
+    async def explain(request: Request) -> JSONResponse:
+        state = app_state(request)
+        body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+        session_header = request.headers.get("x-session-id")
+        parsed = (
+            parse_completion(body, session_header)
+            if "prompt" in body and "messages" not in body
+            else parse_chat(body, session_header)
+        )
+        if parsed.model not in state.health.known_models():
+            raise model_not_found(parsed.model)
+        candidates = state.health.candidates_for(parsed.model)
+        rr = route_request(parsed, state.settings.routing)
+        try:
+            decision = state.router.route(rr, candidates)
+        except NoCandidateError:
+            raise no_healthy_instance(parsed.model, state.settings.retry_after_s) from None
+        excluded = {
+            i: state.health.health[i].to_dict()
+            for i in state.health.health
+            if i not in candidates and parsed.model in state.health.models_of(i)
+        }
+        return JSONResponse(
+            {
+                "request": {
+                    "model": parsed.model,
+                    "session_key": parsed.session_key,
+                    "prompt_tokens": rr.prompt_tokens,
+                    "blocks": len(rr.block_hashes),
+                    "block_tokens": rr.block_tokens,
+                },
+                "decision": {
+                    "instance": decision.instance,
+                    "policy": decision.policy,
+                    "reason": decision.reason,
+                    "cached_tokens": decision.cached_tokens,
+                    "cached_tokens_by_tier": decision.cached_tokens_by_tier,
+                    "predicted_ttft_s": decision.predicted_ttft_s,
+                    "fallbacks": list(decision.fallbacks),
+                },
+                "candidates": [dataclasses.asdict(c) for c in decision.candidates],
+                "excluded": excluded,
+            }
+        )
+
+    return router

@@ -1,0 +1,116 @@
+"""`create_app(settings)`: the gateway as a FastAPI app. Everything it owns (the pooled
+upstream client, health checker, router, metrics, prefetcher, background tasks) is built in
+the lifespan, kept on one typed `AppState` (`app.state.warmgate`), and torn down there.
+
+Extensions (shared state, KV events) attach in the lifespan: a module listed in
+`EXTENSIONS` that exists and defines `async def attach(state: AppState) -> None` is called
+after the core is built; it registers its tasks, closers and readiness checks on `state`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+
+from gateway.admin import build_admin_router
+from gateway.errors import install_error_handlers
+from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import RequestIdMiddleware
+from gateway.openai_api import build_openai_router
+from gateway.ops import build_ops_router
+from gateway.prefetch import Prefetcher
+from gateway.routing import build_router
+from gateway.settings import Settings, load_settings
+from gateway.state import AppState
+from gateway.stats import GatewayStats
+from gateway.tier_stats import run_poller
+
+log = logging.getLogger("warmgate.app")
+
+EXTENSIONS: tuple[str, ...] = ("gateway.shared", "gateway.kv_events")
+
+
+def build_client(settings: Settings) -> httpx.AsyncClient:
+    """The one pooled client for every upstream call (engines and health checks)."""
+    t = settings.timeouts
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.write_s, pool=t.pool_s),
+        limits=httpx.Limits(
+            max_connections=t.max_connections, max_keepalive_connections=t.max_keepalive
+        ),
+        trust_env=False,  # never route loopback engines through an environment proxy
+        follow_redirects=False,
+    )
+
+
+def build_state(settings: Settings) -> AppState:
+    metrics = GatewayMetrics()
+    client = build_client(settings)
+    return AppState(
+        settings=settings,
+        client=client,
+        metrics=metrics,
+        stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
+        health=HealthChecker(settings.instances, settings.health, client, metrics),
+        router=build_router(settings.routing),
+        prefetcher=Prefetcher(settings.instances, metrics, enabled=settings.tiers.prefetch),
+        started_at=time.time(),
+    )
+
+
+async def _attach_extensions(state: AppState) -> None:
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        attach = getattr(module, "attach", None)
+        if attach is not None:
+            await attach(state)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings if settings is not None else load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = build_state(settings)
+        app.state.warmgate = state
+        try:
+            await _attach_extensions(state)
+            await state.health.check_all()  # serve with a candidate set from the start
+            state.spawn(state.health.run(), "health-checks")
+            if state.prefetcher.available:
+                state.spawn(run_poller(state), "tier-stats")
+            log.info(
+                "gateway ready: %d instances (%d healthy), policy %s",
+                len(settings.instances),
+                len(state.health.healthy_ids()),
+                state.router.policy.name,
+            )
+            yield
+        finally:
+            await state.aclose()
+
+    app = FastAPI(
+        title="warmgate",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(build_openai_router())
+    app.include_router(build_admin_router())
+    app.include_router(build_ops_router())
+    app.add_middleware(RequestIdMiddleware)
+    return app

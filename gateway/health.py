@@ -1,0 +1,176 @@
+"""Health of each instance: a background loop GETs every instance's `/health` each interval;
+`failure_threshold` consecutive failures take it out of the candidate set,
+`success_threshold` consecutive successes bring it back. Failures the proxy sees (connection
+refused, 5xx) count too, so a dead instance leaves the set without waiting for the loop.
+Instances configured without a model list get theirs from the engine's `/v1/models`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from gateway.metrics import GatewayMetrics
+from gateway.settings import HealthSettings, InstanceSettings
+
+log = logging.getLogger("warmgate.health")
+
+HealthState = Literal["unknown", "healthy", "unhealthy"]
+
+
+@dataclass
+class InstanceHealth:
+    """What the gateway believes about one instance's health, and why."""
+
+    id: str
+    state: HealthState = "unknown"
+    reason: str = "not checked yet"
+    since: float = field(default_factory=time.time)  # wall time of the last state change
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    last_check: float | None = None  # wall time
+    last_latency_s: float | None = None
+    discovered_models: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "healthy"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "since": self.since,
+            "consecutive_failures": self.consecutive_failures,
+            "consecutive_successes": self.consecutive_successes,
+            "last_check": self.last_check,
+            "last_latency_s": self.last_latency_s,
+        }
+
+
+class HealthChecker:
+    """Owns the health state of every configured instance."""
+
+    def __init__(
+        self,
+        instances: Sequence[InstanceSettings],
+        settings: HealthSettings,
+        client: httpx.AsyncClient,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._instances = {i.id: i for i in instances}
+        self._settings = settings
+        self._client = client
+        self._metrics = metrics
+        self.health: dict[str, InstanceHealth] = {i.id: InstanceHealth(i.id) for i in instances}
+        for i in instances:
+            metrics.instance_healthy.labels(i.id).set(0)
+
+    # --- queries -------------------------------------------------------------------------
+    def instance_url(self, instance_id: str) -> str:
+        return self._instances[instance_id].url
+
+    def healthy_ids(self) -> list[str]:
+        return [i for i, h in self.health.items() if h.healthy]
+
+    def models_of(self, instance_id: str) -> list[str]:
+        configured = self._instances[instance_id].models
+        return list(configured) if configured else list(self.health[instance_id].discovered_models)
+
+    def known_models(self) -> set[str]:
+        """Every model any instance (healthy or not) is known to serve."""
+        return {m for i in self._instances for m in self.models_of(i)}
+
+    def healthy_models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for i in self.healthy_ids():
+            for m in self.models_of(i):
+                seen.setdefault(m, None)
+        return list(seen)
+
+    def candidates_for(self, model: str) -> list[str]:
+        return [i for i in self.healthy_ids() if model in self.models_of(i)]
+
+    # --- transitions ---------------------------------------------------------------------
+    def record_success(self, instance_id: str, latency_s: float | None = None) -> None:
+        h = self.health[instance_id]
+        h.consecutive_failures = 0
+        h.consecutive_successes += 1
+        h.last_check = time.time()
+        h.last_latency_s = latency_s
+        if not h.healthy and h.consecutive_successes >= self._settings.success_threshold:
+            self._set(h, "healthy", f"{h.consecutive_successes} consecutive health checks passed")
+
+    def record_failure(self, instance_id: str, reason: str) -> None:
+        h = self.health[instance_id]
+        h.consecutive_successes = 0
+        h.consecutive_failures += 1
+        h.last_check = time.time()
+        if h.state != "unhealthy" and h.consecutive_failures >= self._settings.failure_threshold:
+            self._set(
+                h, "unhealthy", f"{h.consecutive_failures} consecutive failures; last: {reason}"
+            )
+        elif h.state == "unhealthy":
+            h.reason = f"{h.consecutive_failures} consecutive failures; last: {reason}"
+
+    def _set(self, h: InstanceHealth, state: HealthState, reason: str) -> None:
+        log.info(
+            "instance %s is now %s (%s)",
+            h.id,
+            state,
+            reason,
+            extra={"instance": h.id, "health_state": state},
+        )
+        h.state, h.reason, h.since = state, reason, time.time()
+        self._metrics.instance_healthy.labels(h.id).set(1 if state == "healthy" else 0)
+
+    # --- checking ------------------------------------------------------------------------
+    async def check(self, instance_id: str) -> None:
+        inst = self._instances[instance_id]
+        timeout = self._settings.timeout_s
+        started = time.monotonic()
+        try:
+            resp = await self._client.get(f"{inst.url}/health", timeout=timeout)
+        except httpx.HTTPError as exc:
+            self.record_failure(instance_id, f"/health: {type(exc).__name__}: {exc}".rstrip(": "))
+            return
+        if resp.status_code != 200:
+            self.record_failure(instance_id, f"/health answered {resp.status_code}")
+            return
+        if not inst.models and not self.health[instance_id].discovered_models:
+            try:
+                await self._discover_models(inst, timeout)
+            except (httpx.HTTPError, ValueError) as exc:
+                self.record_failure(instance_id, f"/v1/models: {type(exc).__name__}: {exc}")
+                return
+        self.record_success(instance_id, time.monotonic() - started)
+
+    async def _discover_models(self, inst: InstanceSettings, timeout_s: float) -> None:
+        resp = await self._client.get(f"{inst.url}/v1/models", timeout=timeout_s)
+        resp.raise_for_status()
+        data = resp.json().get("data")
+        if not isinstance(data, list):
+            raise ValueError("no model list in the answer")
+        models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+        if not models:
+            raise ValueError("the instance serves no model")
+        self.health[inst.id].discovered_models = models
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(i) for i in self._instances))
+
+    async def run(self) -> None:
+        """Check every instance each interval, forever (cancelled at shutdown)."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.check_all()
+            except Exception as exc:  # one bad round never stops the loop
+                log.warning("health round failed: %r", exc)
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))

@@ -1,0 +1,201 @@
+"""Reading and validating OpenAI request bodies: the size limit, JSON, the fields the gateway
+needs (each mistake a 400 naming its `param`), the session key, the body sent upstream
+(`stream_options.include_usage` forced on streams, everything else untouched) and the
+`RouteRequest` the router sees (canonical prompt text cut into chained-hash blocks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.requests import Request
+
+from gateway.errors import bad_request, body_too_large
+from gateway.settings import RoutingSettings
+from router.blocks import chain_seed, hash_blocks, render_chat, render_prompt
+from router.types import RouteRequest
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """What the gateway needs to know of a completion request; the body itself is kept."""
+
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool  # stream_options.include_usage as the client sent it
+    session_key: str | None
+    prompt_text: str
+    max_tokens: int | None
+    cache_salt: str | None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise bad_request("The request body is empty; a JSON object was expected.")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def _opt_int(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise bad_request(f"`{name}` must be an integer >= {minimum}.", param=name)
+    return value
+
+
+def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"`{name}` must be a string.", param=name)
+    return value
+
+
+def _common(body: dict[str, Any], session_header: str | None) -> dict[str, Any]:
+    model = body.get("model")
+    if model is None:
+        raise bad_request("You must provide a model parameter.", param="model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must be a non-empty string.", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("`stream` must be a boolean.", param="stream")
+    options = body.get("stream_options")
+    wants_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+            )
+        if not isinstance(options, dict):
+            raise bad_request("`stream_options` must be an object.", param="stream_options")
+        include = options.get("include_usage", False)
+        if include is not None and not isinstance(include, bool):
+            raise bad_request(
+                "`stream_options.include_usage` must be a boolean.",
+                param="stream_options.include_usage",
+            )
+        wants_usage = bool(include)
+    max_tokens = _opt_int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", 1)
+    else:
+        _opt_int(body, "max_tokens", 1)
+    for number in ("temperature", "top_p"):
+        value = body.get(number)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad_request(f"`{number}` must be a number.", param=number)
+    session = _opt_str(body, "prompt_cache_key") or _opt_str(body, "user") or session_header
+    return {
+        "model": model,
+        "stream": stream,
+        "client_wants_usage": wants_usage,
+        "session_key": session or None,
+        "max_tokens": max_tokens,
+        "cache_salt": _opt_str(body, "cache_salt"),
+    }
+
+
+def parse_chat(body: dict[str, Any], session_header: str | None) -> ParsedRequest:
+    common = _common(body, session_header)
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("Missing required parameter: 'messages'.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{i}] must be an object.", param=f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise bad_request(
+                f"Missing required parameter: 'messages[{i}].role'.", param=f"messages[{i}].role"
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise bad_request(
+                f"messages[{i}].content must be a string or an array.",
+                param=f"messages[{i}].content",
+            )
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("`tools` must be an array.", param="tools")
+    text = render_chat(messages, tools)
+    return ParsedRequest(kind="chat", body=body, prompt_text=text, **common)
+
+
+def parse_completion(body: dict[str, Any], session_header: str | None) -> ParsedRequest:
+    common = _common(body, session_header)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("Missing required parameter: 'prompt'.", param="prompt")
+    valid = isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and (
+            all(isinstance(p, str) for p in prompt)
+            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+        )
+    )
+    if not valid:
+        raise bad_request(
+            "`prompt` must be a string, an array of strings or an array of token ids.",
+            param="prompt",
+        )
+    return ParsedRequest(kind="completion", body=body, prompt_text=render_prompt(prompt), **common)
+
+
+def upstream_body(parsed: ParsedRequest) -> bytes:
+    """The body sent to the engine: the client's, with usage forced on for streams."""
+    body = parsed.body
+    if parsed.stream:
+        options = dict(body.get("stream_options") or {})
+        options["include_usage"] = True
+        body = {**body, "stream_options": options}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def route_request(parsed: ParsedRequest, routing: RoutingSettings) -> RouteRequest:
+    """The request as the router sees it (approximate mode: blocks of characters)."""
+    seed = chain_seed(parsed.model, parsed.cache_salt)
+    hashes = hash_blocks(parsed.prompt_text, seed=seed, block_chars=routing.block_chars)
+    return RouteRequest(
+        model=parsed.model,
+        block_hashes=hashes,
+        block_tokens=routing.block_tokens,
+        prompt_tokens=max(1, -(-len(parsed.prompt_text) // routing.chars_per_token)),
+        session_key=parsed.session_key,
+        max_tokens=parsed.max_tokens,
+    )

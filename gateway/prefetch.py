@@ -1,0 +1,100 @@
+"""The gateway's side of tierd: prefetch hints and tier statistics.
+
+Before a request is proxied, the chosen instance's tierd is told which block chain is coming
+and by when (`TierdClient.prefetch(hashes, deadline_s)`), in a background task: the hint
+never delays the request, and its failure is counted, never raised. The same clients poll
+tierd's stats so the routing policy can use measured tier bandwidths (`set_bandwidths`).
+`tierd.client` is optional: without it (or without a `tierd_url`) there are no hints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gateway.metrics import GatewayMetrics
+from gateway.settings import InstanceSettings
+
+log = logging.getLogger("warmgate.prefetch")
+
+
+class TierdLike(Protocol):
+    async def prefetch(self, hashes: Sequence[int], deadline_s: float) -> Any: ...
+
+    async def stats(self) -> Any: ...
+
+
+def tierd_client_class() -> Any | None:
+    """`tierd.client.TierdClient` when that module exists, else None."""
+    try:
+        module = importlib.import_module("tierd.client")
+    except ImportError:
+        return None
+    return getattr(module, "TierdClient", None)
+
+
+class Prefetcher:
+    """One tierd client per instance that has a `tierd_url`; fire-and-forget hints."""
+
+    def __init__(
+        self,
+        instances: Sequence[InstanceSettings],
+        metrics: GatewayMetrics,
+        *,
+        enabled: bool,
+        max_pending: int = 10_000,
+    ) -> None:
+        self._metrics = metrics
+        self._enabled = enabled
+        self._max_pending = max_pending
+        self._pending: set[asyncio.Task[None]] = set()
+        self.clients: dict[str, TierdLike] = {}
+        cls = tierd_client_class()
+        if cls is not None:
+            for inst in instances:
+                if inst.tierd_url:
+                    self.clients[inst.id] = cls(inst.tierd_url)
+
+    @property
+    def available(self) -> bool:
+        return bool(self.clients)
+
+    def hint(self, instance: str, hashes: Sequence[int], deadline_s: float) -> bool:
+        """Start a prefetch hint in the background; False when none was sent."""
+        client = self.clients.get(instance)
+        if not self._enabled or client is None or not hashes:
+            return False
+        if len(self._pending) >= self._max_pending:  # tierd is not keeping up: drop hints
+            self._metrics.prefetch_hints.labels("dropped").inc()
+            return False
+        task = asyncio.create_task(self._send(instance, client, list(hashes), deadline_s))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return True
+
+    async def _send(
+        self, instance: str, client: TierdLike, hashes: list[int], deadline_s: float
+    ) -> None:
+        try:
+            await asyncio.wait_for(client.prefetch(hashes, deadline_s), timeout=deadline_s)
+        except Exception as exc:  # a hint is advice: its failure never reaches the request
+            self._metrics.prefetch_hints.labels("failed").inc()
+            log.debug("prefetch hint to %s failed: %r", instance, exc)
+            return
+        self._metrics.prefetch_hints.labels("sent").inc()
+
+    async def aclose(self) -> None:
+        pending = list(self._pending)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for client in self.clients.values():
+            closer = getattr(client, "aclose", None)
+            if closer is not None:
+                try:
+                    await closer()
+                except Exception as exc:
+                    log.debug("closing a tierd client failed: %r", exc)

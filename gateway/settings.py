@@ -1,0 +1,181 @@
+"""Gateway settings: pydantic-settings with env prefix `WARMGATE_` (nested keys joined by `__`,
+lists and dicts as JSON) over an optional YAML file (`config_file=` or `WARMGATE_CONFIG`).
+
+Precedence, highest first: explicit keyword arguments, environment, the YAML file, defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+
+class InstanceSettings(BaseModel):
+    """One inference instance behind the gateway."""
+
+    id: str = Field(min_length=1)
+    url: str = Field(min_length=1)  # engine base URL, e.g. http://127.0.0.1:9001 (no /v1)
+    tierd_url: str | None = None  # its tier daemon, for prefetch hints and tier stats
+    models: list[str] = Field(default_factory=list)  # empty: discovered from the engine
+    kv_events_endpoint: str | None = None  # ZMQ PUB endpoint of its KV events
+
+    @field_validator("url", "tierd_url")
+    @classmethod
+    def _strip_slash(cls, value: str | None) -> str | None:
+        return value.rstrip("/") if value else value
+
+
+class RoutingSettings(BaseModel):
+    """Which policy routes, with what parameters, over which block size."""
+
+    policy: str = "prefix"
+    params: dict[str, Any] = Field(default_factory=dict)  # passed to the policy's factory
+    block_tokens: int = Field(default=64, ge=1)  # tokens per block (approximate mode)
+    chars_per_token: int = Field(default=4, ge=1)  # block_chars = block_tokens x this
+    index_ttl_s: float = Field(default=600.0, gt=0)  # predict-on-route entries live this long
+    index_capacity_blocks: int = Field(default=1_000_000, ge=1)  # per instance
+
+    @property
+    def block_chars(self) -> int:
+        return self.block_tokens * self.chars_per_token
+
+
+class TimeoutSettings(BaseModel):
+    """Upstream HTTP timeouts (seconds)."""
+
+    connect_s: float = Field(default=2.0, gt=0)
+    read_s: float = Field(default=300.0, gt=0)  # between two bytes of the upstream response
+    write_s: float = Field(default=30.0, gt=0)
+    pool_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
+    max_keepalive: int = Field(default=200, ge=0)
+
+
+class HealthSettings(BaseModel):
+    """Background checks of each instance's `/health`."""
+
+    interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    failure_threshold: int = Field(default=2, ge=1)  # consecutive failures -> unhealthy
+    success_threshold: int = Field(default=1, ge=1)  # consecutive successes -> healthy again
+
+
+class StateSettings(BaseModel):
+    """Shared state between gateway replicas (gateway/shared.py)."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None
+    pool: str = "default"
+    replica_id: str | None = None
+    session_ttl_s: float = 1800.0
+    inflight_ttl_s: float = 15.0
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> StateSettings:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("state.backend=redis needs state.redis_url")
+        return self
+
+
+class KvEventsSettings(BaseModel):
+    """Consumption of engines' KV events (gateway/kv_events.py)."""
+
+    enabled: bool = False
+    topic: str = "kv-events"
+
+
+class TierSettings(BaseModel):
+    """The gateway's side of tierd: prefetch hints and tier-bandwidth polling."""
+
+    prefetch: bool = True  # send a prefetch hint to the chosen instance's tierd
+    prefetch_deadline_s: float = Field(default=2.0, gt=0)
+    stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
+
+
+class Settings(BaseSettings):
+    """Everything the gateway needs; see README 'Configuration'."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="WARMGATE_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    config_file: Path | None = None  # YAML file (also WARMGATE_CONFIG)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: str = "info"
+    instances: list[InstanceSettings] = Field(default_factory=list)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
+    kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
+    tiers: TierSettings = Field(default_factory=TierSettings)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    retry_after_s: int = Field(default=1, ge=0)  # Retry-After on 503 (no healthy instance)
+    stats_window_s: float = Field(default=300.0, gt=0)  # TTFT percentiles over this window
+    stats_window_max: int = Field(default=10_000, ge=1)  # and at most this many samples
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Settings:
+        ids = [i.id for i in self.instances]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"instance ids must be unique: {ids}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path: str | None = None
+        if isinstance(init_settings, InitSettingsSource):
+            given = init_settings.init_kwargs.get("config_file")
+            path = str(given) if given else None
+        path = path or os.environ.get("WARMGATE_CONFIG") or None
+        return (init_settings, env_settings, YamlFileSource(settings_cls, path))
+
+
+class YamlFileSource(PydanticBaseSettingsSource):
+    """The YAML file's top-level mapping, lowest priority above the defaults."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = load_yaml(Path(path)) if path else {}
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML config file (called before the event loop starts)."""
+    text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Settings from env and YAML (`config_file` wins over WARMGATE_CONFIG)."""
+    if config_file is not None:
+        overrides["config_file"] = Path(config_file)
+    return Settings(**overrides)

@@ -1,0 +1,119 @@
+"""Server-sent events from an engine, relayed event by event (never buffered whole).
+
+Bytes arrive in arbitrary pieces; `SseRelay.feed()` cuts them into complete events (frames end
+with a blank line), inspects each `data:` payload and returns what to pass on:
+- the first chunk carrying content (text, content, reasoning or tool calls) marks TTFT;
+- the usage of the stream (the chunk with `usage`, normally the last) is remembered;
+- when the client did not ask for usage (we forced `include_usage` upstream) the usage-only
+  chunk is dropped and `"usage": null` keys are removed, so the client sees what it asked for;
+- an `error` payload from the engine is remembered (and passed on);
+- `data: [DONE]` marks a clean end.
+Events that need no change are passed on as the exact bytes received.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SseRelay:
+    """Incremental SSE inspector/rewriter for one upstream stream."""
+
+    strip_usage: bool
+    saw_content: bool = False
+    saw_done: bool = False
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    events: int = 0
+    _buffer: bytes = field(default=b"", repr=False)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete events found so far (each ending with a blank line), to send on."""
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        self._buffer += data
+        out: list[bytes] = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                return out
+            frame, self._buffer = self._buffer[: end + 2], self._buffer[end + 2 :]
+            relayed = self._event(frame)
+            if relayed:
+                out.append(relayed)
+
+    def flush(self) -> bytes:
+        """Whatever trailing bytes never formed a complete event (an upstream cut short)."""
+        rest, self._buffer = self._buffer, b""
+        return self._event(rest + b"\n\n") if rest.strip() else b""
+
+    def _event(self, frame: bytes) -> bytes:
+        data_lines = [
+            line[5:].lstrip(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")
+        ]
+        if not data_lines:
+            return frame  # comments, keep-alives, other fields: pass as they are
+        self.events += 1
+        payload = b"\n".join(data_lines)
+        if payload.strip() == b"[DONE]":
+            self.saw_done = True
+            return frame
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return frame
+        if not isinstance(chunk, dict):
+            return frame
+        if isinstance(chunk.get("error"), dict):
+            self.error = chunk["error"]
+            return frame
+        if not self.saw_content and _has_content(chunk):
+            self.saw_content = True
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        if not self.strip_usage or "usage" not in chunk:
+            return frame
+        if usage is not None and not chunk.get("choices"):
+            return b""  # the usage-only chunk the client did not ask for
+        del chunk["usage"]
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _has_content(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
+        ):
+            return True
+    return False
+
+
+def cached_tokens(usage: dict[str, Any] | None) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens`, when the engine reported it."""
+    if not usage:
+        return None
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        value = details.get("cached_tokens")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def prompt_tokens(usage: dict[str, Any] | None) -> int | None:
+    if not usage:
+        return None
+    value = usage.get("prompt_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

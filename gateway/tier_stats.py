@@ -1,0 +1,65 @@
+"""Polls each instance's tierd stats and hands the measured tier bandwidths to the routing
+policy (`policy.set_bandwidths(instance, {"L2": bps, "array": bps, "L3": bps})`, when the
+policy has that method). The last stats are kept for `/admin/instances`.
+
+Bandwidths are read from the stats' `bandwidths` mapping (bytes per second into L1), keyed by
+tier label (`L2`, `array`, `L3`) or by direction (`l2_to_l1`, `array_to_l1`, `l3_to_l1`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.state import AppState
+
+log = logging.getLogger("warmgate.tiers")
+
+_KEYS = {
+    "L2": ("L2", "l2", "l2_to_l1"),
+    "array": ("array", "ARRAY", "array_to_l1"),
+    "L3": ("L3", "l3", "l3_to_l1"),
+}
+
+
+def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
+    """Tier label -> bytes/s found in a tierd stats answer (missing tiers left out)."""
+    source = stats.get("bandwidths")
+    if not isinstance(source, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    for label, keys in _KEYS.items():
+        for key in keys:
+            value = source.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                out[label] = float(value)
+                break
+    return out
+
+
+async def poll_once(state: AppState) -> None:
+    setter = getattr(state.router.policy, "set_bandwidths", None)
+    for instance, client in state.prefetcher.clients.items():
+        try:
+            stats = await asyncio.wait_for(client.stats(), timeout=state.settings.health.timeout_s)
+        except Exception as exc:
+            state.tier_stats[instance] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        if not isinstance(stats, Mapping):
+            continue
+        state.tier_stats[instance] = dict(stats)
+        bandwidths = extract_bandwidths(stats)
+        if bandwidths and callable(setter):
+            setter(instance, bandwidths)
+
+
+async def run_poller(state: AppState) -> None:
+    """Poll forever at `tiers.stats_interval_s` (cancelled at shutdown)."""
+    while True:
+        try:
+            await poll_once(state)
+        except Exception as exc:  # a bad round is logged; the next one tries again
+            log.warning("tier stats poll failed: %r", exc)
+        await asyncio.sleep(state.settings.tiers.stats_interval_s)
