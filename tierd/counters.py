@@ -1,0 +1,54 @@
+"""Plain counters and transfer-rate meters kept by the store; `/v1/stats` reports them and
+`tierd.metrics` exposes the same numbers to Prometheus at scrape time (one source)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+DIRECTIONS = (
+    "put",
+    "get",
+    "array_to_l1",
+    "snapshot_to_l1",
+    "l1_to_array",
+    "to_snapshot",
+)
+
+
+@dataclass
+class StoreCounters:
+    """Monotonic event counts, each keyed by one bounded label."""
+
+    bytes_moved: Counter[str] = field(default_factory=Counter)  # by direction
+    hits: Counter[str] = field(default_factory=Counter)  # by tier: l1, array, snapshot, miss
+    prefetch: Counter[str] = field(default_factory=Counter)  # hit/on_time/late/abandoned/miss
+    evictions: Counter[str] = field(default_factory=Counter)  # by tier
+    demotions: Counter[str] = field(default_factory=Counter)  # l1_to_array, array_to_snapshot
+    corrupt: Counter[str] = field(default_factory=Counter)  # by tier
+    recovered: Counter[str] = field(default_factory=Counter)  # on start, by tier
+    gated: int = 0  # L1 victims dropped by the frequency gate instead of written down
+    write_failures: int = 0
+    prefetch_requests: int = 0
+    snapshots_written: int = 0
+
+
+class RateMeter:
+    """Bytes per second over the last `window` transfers (sum bytes ÷ sum seconds)."""
+
+    def __init__(self, window: int = 64) -> None:
+        self._samples: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def record(self, nbytes: int, seconds: float) -> None:
+        if nbytes > 0 and seconds > 0:
+            self._samples.append((nbytes, seconds))
+
+    def rate(self) -> float | None:
+        if not self._samples:
+            return None
+        total_b = sum(b for b, _ in self._samples)
+        total_s = sum(s for _, s in self._samples)
+        return total_b / total_s if total_s > 0 else None
+
+    def __len__(self) -> int:
+        return len(self._samples)

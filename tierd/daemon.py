@@ -1,0 +1,88 @@
+"""One tier daemon: the store and its helpers (loader, prefetcher, snapshotter) and the
+event publisher, built and torn down together; the HTTP API talks only to this."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tierd import events as ev
+from tierd.events import EventPublisher
+from tierd.loader import Loader
+from tierd.prefetch import Prefetcher
+from tierd.settings import TierdSettings
+from tierd.snapshotter import Snapshotter
+from tierd.store import TieredStore
+
+MEDIUMS = (ev.GPU, ev.ARRAY, ev.SNAPSHOT)
+
+
+class Daemon:
+    """Everything one tierd owns."""
+
+    def __init__(self, settings: TierdSettings) -> None:
+        self.settings = settings
+        self.events = EventPublisher(
+            settings.instance_id,
+            endpoint=settings.events_endpoint,
+            topic=settings.events_topic,
+            redis_url=settings.redis_url,
+            pool=settings.pool,
+            maxlen=settings.stream_maxlen,
+        )
+        self.store = TieredStore(settings, self.events)
+        self.loader = Loader(self.store)
+        self.prefetcher = Prefetcher(self.store, self.loader)
+        self.snapshotter = Snapshotter(self.store)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        await self.events.start()
+        await self.store.open()
+
+    async def close(self) -> None:
+        for t in list(self._background):
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.snapshotter.close()
+        await self.events.close()
+        self.store.close()
+
+    def prefetch_in_background(
+        self, hashes: list[int], deadline_s: float, session: str | None
+    ) -> None:
+        """Fire and forget: the caller never waits for a hint."""
+        task = asyncio.create_task(self.prefetcher.prefetch(hashes, deadline_s, session))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def evict(self, hashes: list[int] | None, tier: str) -> int:
+        st = self.store
+        if tier == ev.GPU:
+            return await st.evict_l1(hashes)
+        if tier == ev.ARRAY:
+            todo = list(st.array_index) if hashes is None else hashes
+            for h in todo:
+                await asyncio.to_thread(st.array.delete, h)
+            known = [h for h in todo if h in st.array_index]
+            for h in known:
+                st.array_forget(h)
+            st.counters.evictions["array"] += len(known)
+            st.events.removed(ev.ARRAY, known)
+            return len(known)
+        if tier == ev.SNAPSHOT:
+            todo = list(st.snap_index) if hashes is None else hashes
+            sids = {st.snap_index[h] for h in todo if h in st.snap_index}
+            n = 0
+            for sid in sids:
+                await asyncio.to_thread(st.snapshots_dir.delete, sid)
+                n += len(st.forget_snapshot(sid))
+            st.counters.evictions["snapshot"] += n
+            return n
+        raise ValueError(f"unknown tier {tier!r}; one of {MEDIUMS}")
+
+    def stats(self) -> dict[str, Any]:
+        out = self.store.stats()
+        out["instance_id"] = self.settings.instance_id
+        out["in_flight_transfers"] = self.loader.in_flight
+        return out

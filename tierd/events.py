@@ -1,0 +1,171 @@
+"""Residency events in vLLM's KV event format (PROTOCOLS §1), published by each tierd.
+
+Events are queued synchronously by the store (no I/O on its path) and flushed as one
+`EventBatch` every `flush_interval_s`: msgpack ``[ts, [event, ...]]`` with events in the
+array encoding, ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+lora_id, medium, lora_name]``, ``["BlockRemoved", block_hashes, medium]`` and
+``["AllBlocksCleared"]``. Mediums: ``GPU`` (L1), ``ARRAY`` (L2 shared array), ``SNAPSHOT``
+(L3). tierd knows a slice's token count, not its token ids: ``token_ids`` is empty and
+``block_size`` carries the count (0 when unknown). Each batch goes out on a ZMQ PUB socket
+(frames: topic, 8-byte big-endian seq from 0, payload) and, when Redis is configured, is
+XADDed to ``warmgate:{<pool>}:events`` with fields ``instance``, ``seq``, ``batch``
+(MAXLEN ~). A failed Redis write is counted and dropped, never retried on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+import zmq
+from redis.exceptions import RedisError
+
+GPU = "GPU"
+ARRAY = "ARRAY"
+SNAPSHOT = "SNAPSHOT"
+
+log = logging.getLogger("tierd.events")
+
+
+def stream_key(pool: str) -> str:
+    return f"warmgate:{{{pool}}}:events"
+
+
+class EventPublisher:
+    """Queues residency events and publishes them in batches (ZMQ and/or Redis Stream)."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        *,
+        endpoint: str | None = None,
+        topic: str = "kv-events",
+        redis_url: str | None = None,
+        pool: str = "default",
+        maxlen: int = 100_000,
+        flush_interval_s: float = 0.01,
+        max_batch_events: int = 256,
+    ) -> None:
+        self.instance_id = instance_id
+        self.endpoint = endpoint
+        self.topic = topic.encode()
+        self.redis_url = redis_url
+        self.key = stream_key(pool)
+        self.maxlen = maxlen
+        self.flush_interval_s = flush_interval_s
+        self.max_batch_events = max_batch_events
+        self.seq = 0
+        self.batches_published = 0
+        self.events_published = 0
+        self.redis_errors = 0
+        self._pending: list[list[Any]] = []
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._redis: aioredis.Redis | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def enabled(self) -> bool:
+        return self.endpoint is not None or self.redis_url is not None
+
+    async def start(self) -> None:
+        if self.endpoint:
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.PUB)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.bind(self.endpoint)
+        if self.redis_url:
+            self._redis = aioredis.Redis.from_url(self.redis_url)
+        if self.enabled:
+            self._task = asyncio.create_task(self._run(), name="tierd-events")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    # -- queueing (synchronous, called by the store) -------------------------------------
+
+    def stored(
+        self, medium: str, hashes: list[int], parent: int | None, tokens: int | None
+    ) -> None:
+        if hashes and self.enabled:
+            self._push(["BlockStored", hashes, parent, [], tokens or 0, None, medium, None])
+
+    def removed(self, medium: str, hashes: list[int]) -> None:
+        if hashes and self.enabled:
+            self._push(["BlockRemoved", hashes, medium])
+
+    def all_cleared(self) -> None:
+        if self.enabled:
+            self._push(["AllBlocksCleared"])
+
+    def _push(self, event: list[Any]) -> None:
+        self._pending.append(event)
+        if len(self._pending) >= self.max_batch_events:
+            self._wake.set()
+
+    # -- publishing ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        while self._pending:
+            events = self._pending[: self.max_batch_events]
+            del self._pending[: self.max_batch_events]
+            payload: bytes = msgpack.packb([time.time(), events], use_bin_type=True)
+            seq = self.seq
+            self.seq += 1
+            if self._sock is not None:
+                with contextlib.suppress(zmq.Again):
+                    self._sock.send_multipart(
+                        [self.topic, seq.to_bytes(8, "big", signed=True), payload],
+                        flags=zmq.NOBLOCK,
+                    )
+            if self._redis is not None:
+                try:
+                    await self._redis.xadd(
+                        self.key,
+                        {"instance": self.instance_id, "seq": str(seq), "batch": payload},
+                        maxlen=self.maxlen,
+                        approximate=True,
+                    )
+                except (RedisError, OSError) as exc:
+                    self.redis_errors += 1
+                    log.warning("redis event write failed: %s", exc)
+            self.batches_published += 1
+            self.events_published += len(events)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "redis_stream": self.key if self.redis_url else None,
+            "seq": self.seq,
+            "batches_published": self.batches_published,
+            "events_published": self.events_published,
+            "redis_errors": self.redis_errors,
+            "pending": len(self._pending),
+        }

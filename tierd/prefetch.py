@@ -1,0 +1,80 @@
+"""Prefetch on the gateway's hint: bring a block chain into L1 before a deadline.
+
+A hint carries the chain, a deadline (seconds from now) and optionally the session key.
+With a session key the hint opens a new turn of that dialogue (`tierd.sessions`), which
+protects the chain's slices in L1. The slices not yet in L1 are joined to single-flight
+transfers (`tierd.loader`); the prefetch waits for them until the deadline and not a
+moment longer. Per slice the outcome is one of: ``hit`` (already in L1), ``on_time``
+(loaded before the deadline), ``abandoned`` (not in L1 at the deadline; its transfer is
+cancelled unless someone else still waits for it), ``late`` (the deadline passed while the
+transfer was still needed by another waiter, so it goes on) or ``miss`` (in no tier,
+or unreadable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from tierd.loader import Loader, Transfer
+from tierd.store import TieredStore
+
+
+class Prefetcher:
+    """Runs prefetch hints against one store."""
+
+    def __init__(self, store: TieredStore, loader: Loader) -> None:
+        self.store = store
+        self.loader = loader
+
+    async def prefetch(
+        self, hashes: list[int], deadline_s: float, session: str | None = None
+    ) -> dict[str, Any]:
+        st = self.store
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, deadline_s)
+        st.counters.prefetch_requests += 1
+        if session:
+            st.sessions.new_turn(session)
+            st.sessions.add(session, hashes)
+        outcome: Counter[str] = Counter()
+        wanted = set(hashes)
+        outcome["hit"] = sum(1 for h in wanted if h in st.l1)
+        transfers, missing = await self.loader.plan(hashes)
+        outcome["miss"] += len(set(missing))
+        pending: set[asyncio.Task[dict[int, bytes]]] = set()
+        by_task: dict[asyncio.Task[dict[int, bytes]], Transfer] = {}
+        for t in transfers:
+            assert t.task is not None
+            pending.add(t.task)
+            by_task[t.task] = t
+        remaining = deadline - loop.time()
+        done: set[asyncio.Task[dict[int, bytes]]] = set()
+        if pending and remaining > 0:
+            done, pending = await asyncio.wait(pending, timeout=remaining)
+        elif pending:
+            done = {p for p in pending if p.done()}
+            pending -= done
+        for task in done:
+            t = by_task[task]
+            mine = wanted.intersection(t.hashes)
+            if task.cancelled() or task.exception() is not None:
+                outcome["miss"] += len(mine)
+            else:
+                loaded = task.result()
+                ok = sum(1 for h in mine if h in loaded)
+                outcome["on_time"] += ok
+                outcome["miss"] += len(mine) - ok
+            self.loader.release(t)
+        for task in pending:
+            t = by_task[task]
+            mine = wanted.intersection(t.hashes)
+            cancelled = self.loader.release(t)
+            outcome["abandoned" if cancelled else "late"] += len(mine)
+        for key, n in outcome.items():
+            st.counters.prefetch[key] += n
+        return {
+            "blocks": len(hashes),
+            **{k: outcome.get(k, 0) for k in ("hit", "on_time", "late", "abandoned", "miss")},
+        }

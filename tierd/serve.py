@@ -1,0 +1,62 @@
+"""`tierd serve`: parse flags (each with a `WARMGATE_TIERD__<NAME>` env twin), build the
+settings and run the API under uvicorn until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from tierd.api import create_app
+from tierd.emulation import PROFILES
+from tierd.settings import TierdSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tierd serve", description="run the tier daemon")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--instance-id")
+    p.add_argument("--l1-bytes", type=int, help="L1 arena size in bytes")
+    p.add_argument("--slice-bytes", type=int, help="L1 slot size (largest slice) in bytes")
+    p.add_argument("--array-dir", type=Path, help="array directory (may be shared)")
+    p.add_argument("--array-bytes", type=int, help="array capacity of our own (0: none)")
+    p.add_argument("--snapshot-dir", type=Path)
+    p.add_argument("--fsync", action="store_true", default=None, help="fsync array writes")
+    p.add_argument("--emulate", choices=sorted(PROFILES), help="charge real-model load times")
+    p.add_argument("--array-gbps", type=float, help="emulated array→L1 GB/s (overrides)")
+    p.add_argument("--snapshot-gbps", type=float, help="emulated snapshot→L1 GB/s")
+    p.add_argument("--events-endpoint", help="ZMQ PUB bind address, e.g. tcp://127.0.0.1:5557")
+    p.add_argument("--events-topic")
+    p.add_argument("--redis-url", help="also XADD events to warmgate:{pool}:events")
+    p.add_argument("--pool")
+    p.add_argument("--protect-fraction", type=float)
+    p.add_argument("--temp-grace-s", type=float)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> TierdSettings:
+    given: dict[str, Any] = {
+        k: v for k, v in vars(args).items() if v is not None and k != "log_level"
+    }
+    return TierdSettings(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False
+    )
+    uvicorn.Server(config).run()
+    return 0

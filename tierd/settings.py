@@ -1,0 +1,46 @@
+"""tierd's settings: one pydantic-settings model, filled from CLI flags or `WARMGATE_TIERD__*`
+environment variables (every flag has an env twin; see `tierd.serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TierdSettings(BaseSettings):
+    """Everything a tier daemon needs; sizes in bytes, bandwidths in bytes per second."""
+
+    model_config = SettingsConfigDict(env_prefix="WARMGATE_TIERD__", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    instance_id: str = "tierd-0"
+    # L1: the "HBM" arena (host memory on a machine without a GPU), cut into fixed slots.
+    l1_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    slice_bytes: int = Field(default=256 * 1024, gt=0)
+    # L2: the (possibly shared) array directory; 0 = no capacity bound of our own.
+    array_dir: Path = Path("./tierd-array")
+    array_bytes: int = Field(default=0, ge=0)
+    fsync: bool = False
+    # L3: cold snapshots.
+    snapshot_dir: Path = Path("./tierd-snapshots")
+    zstd_level: int = 3
+    # Policies.
+    lru_k: int = Field(default=2, ge=1)
+    history_entries: int = Field(default=1_000_000, gt=0)
+    protect_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    session_ttl_s: float = Field(default=600.0, gt=0)
+    max_sessions: int = Field(default=100_000, gt=0)
+    temp_grace_s: float = Field(default=60.0, ge=0)
+    # Emulated transfer time (see tierd.emulation); None = charge nothing, move bytes only.
+    emulate: str | None = None
+    array_gbps: float | None = None
+    snapshot_gbps: float | None = None
+    # Residency events.
+    events_endpoint: str | None = None
+    events_topic: str = "kv-events"
+    redis_url: str | None = None
+    pool: str = "default"
+    stream_maxlen: int = 100_000

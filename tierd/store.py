@@ -1,0 +1,393 @@
+"""The tiered slice store: L1 arena ⇄ L2 array ⇄ L3 snapshots, and the policies between them.
+
+- Puts land in L1. When L1 is full, victims are chosen by LRU-K (K=2) over L1, passing over
+  slices protected because their dialogue was active in its last two turns
+  (`tierd.sessions`) and slices being read. Protection yields if it would wedge the store:
+  the oldest session loses it first.
+- Demotion writes down before it frees: a victim is written to the array (temp + rename)
+  and only then removed from L1. Frequency gate before the slow tier: a victim is written
+  down only if it was touched at least twice (puts and gets count; the history outlives
+  eviction) or was put with a session key (a dialogue its player will come back to);
+  otherwise it is dropped (counted as `gated`). A slice already in the array is not
+  rewritten.
+- Loads into L1 (gets and prefetches) are single-flight and live in `tierd.loader`;
+  prefetch deadlines in `tierd.prefetch`; snapshots and array trimming in
+  `tierd.snapshotter`.
+- On open, the array and snapshot indexes are rebuilt from file headers and manifests;
+  torn temp files are ignored and cleaned; bad files are quarantined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tierd import events as ev
+from tierd.counters import RateMeter, StoreCounters
+from tierd.emulation import Emulator
+from tierd.events import EventPublisher
+from tierd.eviction import AccessHistory, LruK
+from tierd.sessions import SessionTracker
+from tierd.settings import TierdSettings
+from tierd.slices import SliceMeta, make_meta
+from tierd.tiers.l1_arena import L1Arena
+from tierd.tiers.l2_array import ArrayDir
+from tierd.tiers.l3_snapshots import Snapshot, SnapshotDir
+
+DEMOTE_BATCH = 16
+EVENT_GROUP = 512
+
+
+class SliceTooLargeError(ValueError):
+    """A put larger than one L1 slot."""
+
+
+class TieredStore:
+    """All slices of one tierd and the rules that move them between tiers."""
+
+    def __init__(
+        self,
+        settings: TierdSettings,
+        events: EventPublisher,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.events = events
+        self.clock = clock
+        self.counters = StoreCounters()
+        self.history = AccessHistory(settings.lru_k, settings.history_entries)
+        self.sessions = SessionTracker(settings.session_ttl_s, settings.max_sessions, clock)
+        self.emulator = Emulator(settings.emulate, settings.array_gbps, settings.snapshot_gbps)
+        self.l1 = L1Arena(settings.l1_bytes, settings.slice_bytes)
+        self.l1_order = LruK(self.history)
+        self.array = ArrayDir(settings.array_dir, settings.slice_bytes, fsync=settings.fsync)
+        self.array_index: dict[int, SliceMeta | None] = {}
+        self.array_order = LruK(self.history)
+        self.array_bytes = 0
+        self.snapshots_dir = SnapshotDir(settings.snapshot_dir, settings.zstd_level)
+        self.snap_index: dict[int, str] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self.meters = {"array": RateMeter(), "snapshot": RateMeter()}
+        self.ready = False
+        self._room = asyncio.Lock()
+        self._evicting: set[int] = set()
+        self.on_array_grew: Callable[[], None] | None = None
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Rebuild the array and snapshot indexes from disk; announce what survived."""
+        grace = self.settings.temp_grace_s
+        found, bad, _ = await asyncio.to_thread(self.array.scan, grace)
+        snaps, _ = await asyncio.to_thread(self.snapshots_dir.scan, grace)
+        self.events.all_cleared()
+        for h, meta in found.items():
+            self._array_add(h, meta)
+        self.counters.recovered["array"] += len(found)
+        self.counters.corrupt["array"] += len(bad)
+        hashes = list(found)
+        for i in range(0, len(hashes), EVENT_GROUP):
+            self.events.stored(ev.ARRAY, hashes[i : i + EVENT_GROUP], None, None)
+        for snap in snaps:
+            self.add_snapshot(snap)
+            self.counters.recovered["snapshot"] += len(snap.entries)
+        self.ready = True
+
+    def close(self) -> None:
+        self.ready = False
+        self.l1.close()
+
+    # -- bookkeeping shared with loader / snapshotter ------------------------------------
+
+    def _array_add(self, h: int, meta: SliceMeta | None) -> None:
+        if h not in self.array_index or (meta is not None and self.array_index[h] is None):
+            old = self.array_index.get(h)
+            self.array_bytes += (meta.length if meta else 0) - (old.length if old else 0)
+            self.array_index[h] = meta
+        self.array_order.update(h)
+
+    def array_forget(self, h: int) -> None:
+        meta = self.array_index.pop(h, None)
+        if meta is not None:
+            self.array_bytes -= meta.length
+        self.array_order.remove(h)
+
+    def add_snapshot(self, snap: Snapshot) -> None:
+        self.snapshots[snap.id] = snap
+        for m in snap.entries:
+            self.snap_index[m.hash] = snap.id
+        if snap.entries:
+            first = snap.entries[0]
+            self.events.stored(
+                ev.SNAPSHOT, [m.hash for m in snap.entries], first.parent, first.tokens
+            )
+
+    def forget_snapshot(self, snap_id: str) -> list[int]:
+        snap = self.snapshots.pop(snap_id, None)
+        if snap is None:
+            return []
+        gone = [m.hash for m in snap.entries if self.snap_index.get(m.hash) == snap_id]
+        for h in gone:
+            del self.snap_index[h]
+        self.events.removed(ev.SNAPSHOT, gone)
+        return gone
+
+    def note_corrupt(self, tier: str, hashes: list[int]) -> None:
+        self.counters.corrupt[tier] += len(hashes)
+        if tier == "array":
+            for h in hashes:
+                self.array_forget(h)
+            self.events.removed(ev.ARRAY, hashes)
+
+    # -- L1: room, install, demotion -----------------------------------------------------
+
+    def _protected_or_busy(self, h: int) -> bool:
+        return h in self._evicting or self.l1.pinned(h) or self.sessions.is_protected(h)
+
+    def _busy(self, h: int) -> bool:
+        return h in self._evicting or self.l1.pinned(h)
+
+    async def reserve(self, n: int) -> list[int]:
+        """Up to `n` free L1 slots, demoting victims as needed (fewer only if all are busy)."""
+        slots: list[int] = []
+        async with self._room:
+            self.sessions.expire()
+            cap = int(self.settings.protect_fraction * self.l1.slots)
+            while self.sessions.protected_count > cap and self.sessions.shed_oldest():
+                pass
+            while len(slots) < n:
+                slot = self.l1.reserve()
+                if slot is not None:
+                    slots.append(slot)
+                    continue
+                want = min(max(n - len(slots), DEMOTE_BATCH), DEMOTE_BATCH * 4)
+                victims = self.l1_order.victims(want, skip=self._protected_or_busy)
+                while not victims and self.sessions.shed_oldest():
+                    victims = self.l1_order.victims(want, skip=self._protected_or_busy)
+                if not victims:
+                    victims = self.l1_order.victims(want, skip=self._busy)
+                if not victims:
+                    break
+                await self._demote(victims)
+        return slots
+
+    async def install(self, items: list[tuple[SliceMeta, bytes]], *, sticky: bool) -> list[int]:
+        """Copy slices into L1 (those not there yet); returns the hashes now in L1."""
+        todo = [(m, p) for m, p in items if m.hash not in self.l1]
+        slots = await self.reserve(len(todo)) if todo else []
+        placed = todo[: len(slots)]
+        try:
+            await self.l1.write(slots, [p for _, p in placed])
+        except BaseException:
+            for s in slots:
+                self.l1.release(s)
+            raise
+        for slot, (meta, _) in zip(slots, placed, strict=True):
+            fresh = meta.hash not in self.l1
+            self.l1.commit(meta.hash, slot, meta, sticky)
+            self.l1_order.update(meta.hash)
+            if fresh:
+                self.events.stored(ev.GPU, [meta.hash], meta.parent, meta.tokens)
+        return [m.hash for m, _ in items if m.hash in self.l1]
+
+    def _gate(self, h: int, sticky: bool) -> bool:
+        return sticky or self.history.count(h) >= 2
+
+    async def _demote(self, victims: list[int]) -> None:
+        """Write gated victims down to the array, then free them from L1."""
+        self._evicting.update(victims)
+        try:
+            payloads = await self.l1.read(victims)
+            if payloads is None:  # something vanished meanwhile: take what is still there
+                victims = [h for h in victims if h in self.l1]
+                payloads = await self.l1.read(victims) or []
+            down: list[tuple[SliceMeta, bytes]] = []
+            for h, p in zip(victims, payloads, strict=True):
+                entry = self.l1.entry(h)
+                if entry is None or h in self.array_index:
+                    continue
+                if self._gate(h, entry.sticky):
+                    down.append((entry.meta, p))
+                else:
+                    self.counters.gated += 1
+            ok = await asyncio.to_thread(self.array.write, down) if down else []
+            for (meta, _), written in zip(down, ok, strict=True):
+                if written:
+                    self._array_add(meta.hash, meta)
+                    self.counters.demotions["l1_to_array"] += 1
+                    self.counters.bytes_moved["l1_to_array"] += meta.length
+                    self.events.stored(ev.ARRAY, [meta.hash], meta.parent, meta.tokens)
+                else:
+                    self.counters.write_failures += 1
+            freed: list[int] = []
+            for h in victims:
+                if self.l1.free(h) is not None:
+                    self.l1_order.remove(h)
+                    freed.append(h)
+            self.counters.evictions["l1"] += len(freed)
+            self.events.removed(ev.GPU, freed)
+        finally:
+            self._evicting.difference_update(victims)
+        if down and self.on_array_grew is not None:
+            self.on_array_grew()
+
+    async def evict_l1(self, hashes: list[int] | None) -> int:
+        """Demote these slices (all of L1 if None) now: written down if gated, then freed."""
+        async with self._room:
+            todo = [h for h in (self.l1.hashes() if hashes is None else hashes) if h in self.l1]
+            before = len(self.l1)
+            for i in range(0, len(todo), DEMOTE_BATCH * 4):
+                await self._demote(todo[i : i + DEMOTE_BATCH * 4])
+            return before - len(self.l1)
+
+    # -- data plane ----------------------------------------------------------------------
+
+    async def put(
+        self,
+        h: int,
+        data: bytes,
+        *,
+        parent: int | None = None,
+        tokens: int | None = None,
+        session: str | None = None,
+    ) -> bool:
+        """Store a slice in L1; False if it was already there."""
+        if len(data) > self.settings.slice_bytes:
+            raise SliceTooLargeError(
+                f"slice of {len(data)} bytes exceeds the slot size {self.settings.slice_bytes}"
+            )
+        self.history.touch(h)
+        if session:
+            self.sessions.add(session, [h])
+        entry = self.l1.entry(h)
+        if entry is not None:
+            entry.sticky = entry.sticky or session is not None
+            self.l1_order.update(h)
+            return False
+        meta = await asyncio.to_thread(make_meta, h, data, parent, tokens)
+        placed = await self.install([(meta, data)], sticky=session is not None)
+        if h not in placed:
+            raise BufferError("L1 has no free slot: every slice is being read or evicted")
+        self.counters.bytes_moved["put"] += len(data)
+        return True
+
+    # -- control plane -------------------------------------------------------------------
+
+    async def discover(self, hashes: list[int]) -> None:
+        """Learn about array files written by peers sharing the directory: from the first
+        hash known nowhere, stat the unknown ones until one is missing (a prefix ends there)."""
+        start = next((i for i, h in enumerate(hashes) if self.where(h) is None), None)
+        if start is None:
+            return
+        tail = hashes[start:]
+        known = [self.where(h) is not None for h in tail]
+        found = await asyncio.to_thread(_probe, self.array, tail, known)
+        for h in found:
+            if h not in self.array_index:
+                self._array_add(h, None)
+
+    def where(self, h: int) -> str | None:
+        if h in self.l1:
+            return ev.GPU
+        if h in self.array_index:
+            return ev.ARRAY
+        if h in self.snap_index:
+            return ev.SNAPSHOT
+        return None
+
+    async def lookup(self, hashes: list[int]) -> dict[str, Any]:
+        """How much of a chain is where: the leading available run and its split by tier."""
+        await self.discover(hashes)
+        tiers: list[str] = []
+        for h in hashes:
+            t = self.where(h)
+            if t is None:
+                break
+            tiers.append(t)
+        leading = {
+            ev.GPU: _run(hashes, lambda h: h in self.l1),
+            ev.ARRAY: _run(hashes, lambda h: h in self.array_index),
+            ev.SNAPSHOT: _run(hashes, lambda h: h in self.snap_index),
+        }
+        counts = {t: tiers.count(t) for t in (ev.GPU, ev.ARRAY, ev.SNAPSHOT)}
+        return {
+            "blocks": len(hashes),
+            "available": len(tiers),
+            "tiers": tiers,
+            "leading": leading,
+            "counts": counts,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "ready": self.ready,
+            "slice_bytes": self.settings.slice_bytes,
+            "tiers": {
+                "l1": {
+                    "medium": ev.GPU,
+                    "slots": self.l1.slots,
+                    "slices": len(self.l1),
+                    "free_slots": self.l1.free_slots,
+                    "used_bytes": self.l1.used_bytes,
+                    "capacity_bytes": self.l1.slots * self.l1.slot_bytes,
+                    "protected_slices": self.sessions.protected_count,
+                    "sessions": len(self.sessions),
+                },
+                "array": {
+                    "medium": ev.ARRAY,
+                    "dir": str(self.settings.array_dir),
+                    "slices": len(self.array_index),
+                    "used_bytes": self.array_bytes,
+                    "capacity_bytes": self.settings.array_bytes or None,
+                },
+                "snapshot": {
+                    "medium": ev.SNAPSHOT,
+                    "dir": str(self.settings.snapshot_dir),
+                    "snapshots": len(self.snapshots),
+                    "slices": len(self.snap_index),
+                    "object_bytes": sum(s.object_bytes for s in self.snapshots.values()),
+                },
+            },
+            "bandwidth_bytes_per_s": {
+                "measured": {k: m.rate() for k, m in self.meters.items()},
+                "configured": {
+                    "array": self.emulator.array.bytes_per_s or None,
+                    "snapshot": self.emulator.snapshot.bytes_per_s or None,
+                },
+            },
+            "emulation": self.emulator.describe(),
+            "bytes_moved": dict(c.bytes_moved),
+            "hits": dict(c.hits),
+            "prefetch": {"requests": c.prefetch_requests, **c.prefetch},
+            "evictions": dict(c.evictions),
+            "demotions": dict(c.demotions),
+            "gated": c.gated,
+            "write_failures": c.write_failures,
+            "corrupt": dict(c.corrupt),
+            "recovered": dict(c.recovered),
+            "snapshots_written": c.snapshots_written,
+            "events": self.events.stats(),
+        }
+
+
+def _probe(array: ArrayDir, hashes: list[int], known: list[bool]) -> list[int]:
+    found: list[int] = []
+    for h, k in zip(hashes, known, strict=True):
+        if k:
+            continue
+        if not array.exists(h):
+            break
+        found.append(h)
+    return found
+
+
+def _run(hashes: list[int], has: Callable[[int], bool]) -> int:
+    n = 0
+    for h in hashes:
+        if not has(h):
+            break
+        n += 1
+    return n

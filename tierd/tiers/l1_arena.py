@@ -1,0 +1,122 @@
+"""L1: the "HBM" arena, one native `HostArena` cut into fixed-size slots with a free list.
+
+A slice occupies one slot (its length may be less than the slot). A slot is reserved
+before its bytes are written and the slice becomes visible only once the copy is done;
+readers pin a slice while its bytes are copied out so eviction cannot reuse the slot under
+them. Byte moves run in threads (the native copies release the GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from tierd.native import HostArena, copy_batch
+from tierd.slices import SliceMeta
+
+
+@dataclass(slots=True)
+class L1Entry:
+    slot: int
+    meta: SliceMeta
+    sticky: bool = False  # put with a session key: passes the frequency gate
+    pins: int = 0
+
+
+class L1Arena:
+    """Fixed-slot arena: reserve → write → commit; pin → read → unpin; free."""
+
+    def __init__(self, nbytes: int, slot_bytes: int) -> None:
+        self.slot_bytes = slot_bytes
+        self.slots = nbytes // slot_bytes
+        if self.slots < 1:
+            raise ValueError(f"L1 of {nbytes} bytes holds no slot of {slot_bytes} bytes")
+        self.arena = HostArena(self.slots * slot_bytes)
+        self._free: list[int] = list(range(self.slots - 1, -1, -1))
+        self._entries: dict[int, L1Entry] = {}
+        self.used_bytes = 0
+
+    def close(self) -> None:
+        self.arena.close()
+
+    def __contains__(self, h: object) -> bool:
+        return h in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entry(self, h: int) -> L1Entry | None:
+        return self._entries.get(h)
+
+    def hashes(self) -> list[int]:
+        return list(self._entries)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def reserve(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def release(self, slot: int) -> None:
+        """Give back a reserved slot that was never committed."""
+        self._free.append(slot)
+
+    async def write(self, slots: list[int], payloads: list[bytes]) -> None:
+        if not slots:
+            return
+        staging = b"".join(payloads)
+        offsets: list[int] = []
+        pos = 0
+        for p in payloads:
+            offsets.append(pos)
+            pos += len(p)
+        dst = [s * self.slot_bytes for s in slots]
+        sizes = [len(p) for p in payloads]
+        await asyncio.to_thread(copy_batch, self.arena, dst, staging, offsets, sizes)
+
+    def commit(self, h: int, slot: int, meta: SliceMeta, sticky: bool) -> None:
+        old = self._entries.get(h)
+        if old is not None:  # raced with another install of the same slice: keep one
+            self._free.append(slot)
+            old.sticky = old.sticky or sticky
+            return
+        self._entries[h] = L1Entry(slot, meta, sticky)
+        self.used_bytes += meta.length
+
+    def pinned(self, h: int) -> bool:
+        e = self._entries.get(h)
+        return e is not None and e.pins > 0
+
+    async def read(self, hashes: list[int]) -> list[bytes] | None:
+        """Copy the slices out (all of them, pinned meanwhile); None if one is absent."""
+        entries = [self._entries.get(h) for h in hashes]
+        present = [e for e in entries if e is not None]
+        if len(present) != len(entries):
+            return None
+        for e in present:
+            e.pins += 1
+        try:
+            sizes = [e.meta.length for e in present]
+            out = bytearray(sum(sizes))
+            offsets: list[int] = []
+            pos = 0
+            for n in sizes:
+                offsets.append(pos)
+                pos += n
+            src = [e.slot * self.slot_bytes for e in present]
+            await asyncio.to_thread(copy_batch, out, offsets, self.arena, src, sizes)
+        finally:
+            for e in present:
+                e.pins -= 1
+        view = memoryview(out)
+        return [bytes(view[o : o + n]) for o, n in zip(offsets, sizes, strict=True)]
+
+    def free(self, h: int) -> L1Entry | None:
+        e = self._entries.get(h)
+        if e is None or e.pins > 0:
+            return None
+        del self._entries[h]
+        self._free.append(e.slot)
+        self.used_bytes -= e.meta.length
+        return e
