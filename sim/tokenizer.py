@@ -2,9 +2,9 @@
 
 How it works: text is cut by a GPT-2-style regex into pieces (an optional leading space plus
 a run of letters, a digit, a run of punctuation, or whitespace); letter runs longer than
-four characters are cut into four-letter chunks, which gives roughly four characters a
+five characters are cut into five-letter chunks, which gives roughly four characters a
 token on English text, like a BPE vocabulary. Each piece maps to a stable id: the special
-tokens have Qwen2.5's ids, every other piece `N_SPECIAL_FREE + xxh3_64(piece) mod SPAN`, so
+tokens have Qwen2.5's ids, every other piece `256 + xxh3_64(piece) mod (151643 - 256)`, so
 the same text always gives the same ids in every process. Decoding is the concatenation of
 pieces, which the tokenizer remembers for every id it produced (hash collisions aside,
 `decode(encode(t)) == t`).
@@ -30,7 +30,7 @@ END_OF_TEXT = "<|endoftext|>"
 SPECIAL_TOKENS: dict[str, int] = {END_OF_TEXT: 151_643, IM_START: 151_644, IM_END: 151_645}
 _FIRST_ID = 256  # ids below are left free, as byte-level vocabularies reserve them
 _SPAN = VOCAB_SIZE - _FIRST_ID
-_MAX_LETTERS = 4
+_MAX_LETTERS = 5
 
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 _PIECE_RE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\s\w]+|\s+(?!\S)|\s+", re.UNICODE)
@@ -58,7 +58,9 @@ def split_pieces(text: str) -> list[str]:
             letters = piece.lstrip(" ")
             if len(letters) > _MAX_LETTERS and letters.isalpha():
                 lead = piece[: len(piece) - len(letters)]
-                chunks = [letters[i : i + _MAX_LETTERS] for i in range(0, len(letters), 4)]
+                chunks = [
+                    letters[i : i + _MAX_LETTERS] for i in range(0, len(letters), _MAX_LETTERS)
+                ]
                 pieces.append(lead + chunks[0])
                 pieces.extend(chunks[1:])
             else:
