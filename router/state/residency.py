@@ -92,6 +92,14 @@ class Residency:
         counts = apply_events(index, source, batch.events, self.array_id)
         return verdict, counts
 
+    def lost(self, source: str, seq: int, index: IndexSink) -> SeqVerdict:
+        """Batch `seq` of `source` could not be read: whatever it changed is unknown, so the
+        source's blocks are dropped as on a gap; the sequence moves on."""
+        src = self._sources.setdefault(source, _Source())
+        verdict = src.tracker.observe(seq)
+        self._drop(source, src, index)
+        return verdict
+
     def _drop(self, source: str, src: _Source, index: IndexSink) -> None:
         index.clear_instance(source)
         for (where, tier), hashes in src.blocks.items():

@@ -1,0 +1,225 @@
+"""KV event consumers: one ZMQ SUB socket and one task per instance that publishes events.
+
+Each task receives `topic | seq | payload` messages from its instance's publisher (a vLLM
+engine, `sim.engine --kv-events-endpoint`, or tierd), tracks the sequence number and feeds
+the router's `PrefixIndex` (`router.events.apply_events`: GPU -> L1, CPU -> L2,
+STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> L3; BlockRemoved removes;
+AllBlocksCleared clears the instance).
+
+A sequence gap, a publisher restart (the sequence going back) or a batch whose payload does
+not decode (a lost batch, as far as we can tell) clears that instance's entries: stale
+residency is worse than none, and predict-on-route plus the next events rebuild it. A
+message whose frames are malformed is counted and skipped. Nothing a publisher sends can
+stop a consumer task. Each replica subscribes directly: ZMQ PUB already fans out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.state import AppState
+from router.events import (
+    IndexSink,
+    MalformedEventError,
+    SeqStatus,
+    SeqTracker,
+    apply_events,
+    decode_batch,
+    decode_frames,
+)
+
+log = logging.getLogger("warmgate.kv_events")
+
+
+class KvEventMetrics:
+    """`warmgate_kv_event_*` counters, on the gateway's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.batches = Counter(
+            "warmgate_kv_event_batches",
+            "KV event batches received, by instance and outcome (ok, malformed, gap, restart).",
+            ["instance", "outcome"],
+            registry=registry,
+        )
+        self.blocks = Counter(
+            "warmgate_kv_event_blocks",
+            "Blocks applied to the prefix index from KV events, by instance and action "
+            "(stored, removed).",
+            ["instance", "action"],
+            registry=registry,
+        )
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """What one instance's publisher has sent us."""
+
+    instance: str
+    endpoint: str
+    batches: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    cleared: int = 0
+    malformed: int = 0
+    unknown_events: int = 0
+    unknown_medium: int = 0
+    gaps: int = 0
+    missed_batches: int = 0
+    restarts: int = 0
+    last_seq: int | None = None
+    last_batch_at_s: float | None = None
+
+
+class KvEventConsumer:
+    """Feeds `index` from each instance's KV event endpoint (`instance -> endpoint`)."""
+
+    def __init__(
+        self,
+        index: IndexSink,
+        endpoints: Mapping[str, str],
+        *,
+        topic: str = "kv-events",
+        metrics: KvEventMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.index = index
+        self.endpoints = dict(endpoints)
+        self.topic = topic
+        self.metrics = metrics
+        self._clock = clock
+        self._trackers = {i: SeqTracker() for i in self.endpoints}
+        self._stats = {i: SourceStats(i, e) for i, e in self.endpoints.items()}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        for instance, endpoint in self.endpoints.items():
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+            sock.connect(endpoint)  # connects lazily and reconnects on its own
+            task = asyncio.create_task(self._run(instance, sock), name=f"kv-events:{instance}")
+            self._tasks.append(task)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {i: asdict(s) for i, s in self._stats.items()}
+
+    async def _run(self, instance: str, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                try:
+                    frames = await sock.recv_multipart()
+                except zmq.ZMQError as exc:  # a transient socket error: keep listening
+                    log.warning("kv events from %s: %s", instance, exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                try:
+                    self.handle(instance, frames)
+                except Exception:  # never let one message stop the consumer
+                    log.exception("kv events from %s: unexpected error, message skipped", instance)
+                    self._stats[instance].malformed += 1
+        finally:
+            sock.close(linger=0)
+
+    def handle(self, instance: str, frames: list[bytes]) -> None:
+        """Process one received message for `instance` (synchronous: index updates are
+        in-memory and short)."""
+        stats = self._stats[instance]
+        try:
+            message = decode_frames(frames)
+        except MalformedEventError as exc:
+            self._count(stats, "malformed")
+            log.warning("kv events from %s: malformed message skipped: %s", instance, exc)
+            return
+        tracker = self._trackers[instance]
+        verdict = tracker.observe(message.seq)
+        stats.last_seq = message.seq
+        stats.last_batch_at_s = self._clock()
+        if verdict.must_resync:
+            self.index.clear_instance(instance)
+            if verdict.status is SeqStatus.GAP:
+                stats.gaps += 1
+                stats.missed_batches += verdict.missed
+                self._count(stats, "gap")
+                log.warning("kv events from %s: %d batches lost", instance, verdict.missed)
+            else:
+                stats.restarts += 1
+                self._count(stats, "restart")
+                log.info("kv events from %s: publisher restarted (seq %d)", instance, message.seq)
+        try:
+            batch = decode_batch(message.payload)
+        except MalformedEventError as exc:
+            # The publisher's sequence moved on without us learning what changed.
+            self.index.clear_instance(instance)
+            self._count(stats, "malformed")
+            log.warning("kv events from %s: batch %d undecodable: %s", instance, message.seq, exc)
+            return
+        counts = apply_events(self.index, instance, batch.events)
+        stats.batches += 1
+        stats.blocks_stored += counts.stored
+        stats.blocks_removed += counts.removed
+        stats.cleared += counts.cleared
+        stats.unknown_events += batch.skipped
+        stats.unknown_medium += counts.unknown_medium
+        if self.metrics is not None:
+            self.metrics.batches.labels(instance, "ok").inc()
+            if counts.stored:
+                self.metrics.blocks.labels(instance, "stored").inc(counts.stored)
+            if counts.removed:
+                self.metrics.blocks.labels(instance, "removed").inc(counts.removed)
+
+    def _count(self, stats: SourceStats, outcome: str) -> None:
+        if outcome == "malformed":
+            stats.malformed += 1
+        if self.metrics is not None:
+            self.metrics.batches.labels(stats.instance, outcome).inc()
+
+
+async def attach(state: AppState) -> None:
+    """Called from the gateway's lifespan: consume each instance's KV events when enabled."""
+    cfg = state.settings.kv_events
+    endpoints = {
+        i.id: i.kv_events_endpoint for i in state.settings.instances if i.kv_events_endpoint
+    }
+    if not cfg.enabled:
+        return
+    if not endpoints:
+        log.warning("kv_events.enabled but no instance has a kv_events_endpoint")
+        return
+    consumer = KvEventConsumer(
+        state.router.index,
+        endpoints,
+        topic=cfg.topic,
+        metrics=KvEventMetrics(state.metrics.registry),
+    )
+    await consumer.start()
+    state.extensions["kv_events"] = consumer
+    state.closers.append(consumer.close)
+
+    async def readiness() -> dict[str, Any]:
+        return {"ok": True, "required": False, "sources": consumer.stats()}
+
+    state.readiness["kv_events"] = readiness
