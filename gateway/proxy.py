@@ -145,6 +145,9 @@ async def proxy_completion(
         decision = state.router.route(rr, candidates)
     except NoCandidateError:
         raise no_healthy_instance(parsed.model, retry_after) from None
+    shared = state.extensions.get("shared")  # gateway/shared.py: cross-replica session binding
+    if shared is not None:
+        decision = await shared.bind(rr, decision, candidates)
     state.metrics.decisions.labels(decision.instance, decision.policy).inc()
     ex = Exchange(state, parsed, rr, decision, started, request_id)
     state.prefetcher.hint(
