@@ -16,12 +16,13 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
   predicted batch loses blocks from its tail first, so what remains stays a prefix (like a
   radix tree evicting leaves). Stale references in old batches are skipped by the owner
   check and compacted away when they outnumber live ones.
-- `match()` walks the chain once: one dict lookup per block, consecutive blocks with the
-  same packed value form a segment, and the still-matching instances are a bit mask updated
-  only when the value changes. Each instance's leading run is then the segments before its
-  bit dropped, each counted at the best tier that instance can read it from (its own bits,
-  else `Tier.ARRAY` when the shared array holds the block). No prefix-closure assumption is
-  made, so a match is never longer than what was inserted.
+- `match()` walks the chain once: one dict lookup per block (in C, via map + groupby);
+  consecutive blocks with the same packed value form a segment, and the still-matching
+  instances are a bit mask updated only when the value changes. Each instance's leading
+  run is then the segments before its bit dropped, each counted at the best tier that
+  instance can read it from (its own bits, else `Tier.ARRAY` when the shared array holds
+  the block). No prefix-closure assumption is made, so a match is never longer than what
+  was inserted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import groupby, repeat
 
 from router.types import Tier
 
@@ -303,25 +305,14 @@ class PrefixIndex:
         # presence of each instance's field, folded onto its lowest bit
         low = alive
         array_field = _FIELD << (self._array_id * _WIDTH)
-        get = self._blocks.get
         segments: list[tuple[int, int, int]] = []  # (packed value, blocks, alive mask)
-        prev = -1
-        count = 0
-        for h in hashes:
-            v = get(h, 0)
-            if v != prev:
-                if count:
-                    segments.append((prev, count, alive))
-                    count = 0
-                if not v & array_field:  # the shared array serves every instance
-                    alive &= (v | v >> 1 | v >> 2 | v >> 3 | v >> 4) & low
-                if not alive:
-                    prev = -1
-                    break
-                prev = v
-            count += 1
-        if count:
-            segments.append((prev, count, alive))
+        # lookups and grouping of equal consecutive values run in C; stops at the first miss
+        for v, group in groupby(map(self._blocks.get, hashes, repeat(0))):
+            if not v & array_field:  # the shared array serves every instance
+                alive &= (v | v >> 1 | v >> 2 | v >> 3 | v >> 4) & low
+            if not alive:
+                break
+            segments.append((v, len(list(group)), alive))
         if not segments:
             return result
         ashift = self._array_id * _WIDTH

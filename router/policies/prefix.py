@@ -46,6 +46,8 @@ class PrefixPolicy:
         self.count_tiers = frozenset(count_tiers)
 
     def _matched(self, view: InstanceView) -> int:
+        if not view.matched_blocks:
+            return 0
         return sum(n for t, n in view.matched_blocks.items() if t in self.count_tiers)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
@@ -59,9 +61,10 @@ class PrefixPolicy:
             return make_decision(request, self.name, reason, rank_by_load(candidates), candidates)
 
         total = len(request.block_hashes)
-        ranked = sorted(candidates, key=lambda v: (-self._matched(v), load_key(v)))
+        matched = {v.id: self._matched(v) for v in candidates}
+        ranked = sorted(candidates, key=lambda v: (-matched[v.id], load_key(v)))
         best = ranked[0]
-        rate = self._matched(best) / total if total else 0.0
+        rate = matched[best.id] / total if total else 0.0
         if rate > self.cache_threshold:
             reason = f"match rate {rate:.3f} > {self.cache_threshold}: best match"
             return make_decision(request, self.name, reason, ranked, candidates)

@@ -14,6 +14,8 @@ def cached_tokens_by_tier(
 ) -> dict[str, int]:
     """Matched blocks turned into tokens, keyed by `Tier.label`, capped at the prompt."""
     out: dict[str, int] = {}
+    if not matched_blocks:
+        return out
     left = max(0, request.prompt_tokens)
     for tier in sorted(matched_blocks):
         tokens = min(left, matched_blocks[tier] * request.block_tokens)

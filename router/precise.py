@@ -1,0 +1,194 @@
+"""Precise mode: block chains cut from real token ids, hashed so they match the engine's own.
+
+How it works:
+- `cut_blocks(tokens, block_size)` keeps only full blocks (an engine never reuses a partial one).
+- `VllmBlockHasher` reproduces vLLM's prefix-cache block hash with a portable algorithm
+  (`--prefix-caching-hash-algo sha256_cbor`, or `xxhash_cbor`):
+      NONE_HASH = H(cbor(PYTHONHASHSEED string))
+      h_i       = H(cbor([h_{i-1} or NONE_HASH (bytes), [tokens of block i], extras_i or null]))
+  CBOR is canonical (`cbor2.dumps(..., canonical=True)`, as vLLM calls it). Extra keys are, in
+  vLLM's order, the LoRA name (every block) and `cache_salt` (first block only); multimodal
+  and prompt-embedding keys are not supported here. KV events carry the low 64 bits of the
+  big-endian digest (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`): `block_hashes()` returns those.
+- `Xxh3BlockHasher` is warmgate's own fast precise scheme for engines we control (the
+  simulated engine): h_i = xxh3_64(h_{i-1} as 8 bytes LE || tokens as u32 LE, seed), with the
+  seed of `router.blocks.chain_seed(model, cache_salt)`; h_0 has no parent bytes.
+- `precise_route_request()` turns a request payload into a `RouteRequest`: tokens from a
+  callable the caller supplies (sync or async: a local tokenizer, the engine's /tokenize),
+  hashing off the event loop for long prompts. Nothing here speaks HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol
+
+import cbor2
+import xxhash
+
+from router.blocks import chain_seed
+from router.types import RouteRequest
+
+VllmHashAlgo = Literal["sha256_cbor", "xxhash_cbor"]
+MASK64 = (1 << 64) - 1
+DEFAULT_VLLM_BLOCK_SIZE = 16
+THREAD_THRESHOLD_BLOCKS = 64  # hash longer chains in a worker thread, off the event loop
+
+Tokenizer = Callable[[Any], Sequence[int] | Awaitable[Sequence[int]]]
+
+
+def cut_blocks(tokens: Sequence[int], block_size: int) -> list[Sequence[int]]:
+    """The full blocks of `tokens`, in order (a trailing partial block is dropped)."""
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    full = len(tokens) // block_size
+    return [tokens[i * block_size : (i + 1) * block_size] for i in range(full)]
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _xxh3_128(data: bytes) -> bytes:
+    digest: bytes = xxhash.xxh3_128_digest(data)
+    return digest
+
+
+def event_int(digest: bytes) -> int:
+    """The int vLLM publishes in KV events for a block digest: its low 64 bits, big-endian."""
+    return int.from_bytes(digest, "big") & MASK64
+
+
+class BlockHasher(Protocol):
+    """What the router needs of a precise hasher."""
+
+    block_size: int
+
+    def block_hashes(
+        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+    ) -> list[int]: ...
+
+
+class VllmBlockHasher:
+    """vLLM's block hash (`sha256_cbor` or `xxhash_cbor`) for one hash seed and block size."""
+
+    def __init__(
+        self,
+        *,
+        hash_seed: str,
+        block_size: int = DEFAULT_VLLM_BLOCK_SIZE,
+        algo: VllmHashAlgo = "sha256_cbor",
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if algo == "sha256_cbor":
+            self._fn: Callable[[bytes], bytes] = _sha256
+        elif algo == "xxhash_cbor":
+            self._fn = _xxh3_128
+        else:
+            raise ValueError(f"unsupported hash algorithm {algo!r} (not portable or unknown)")
+        self.algo = algo
+        self.block_size = block_size
+        self.none_hash = self._hash(hash_seed)
+
+    def _hash(self, obj: object) -> bytes:
+        return self._fn(cbor2.dumps(obj, canonical=True))
+
+    def block_digests(
+        self,
+        tokens: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        parent: bytes | None = None,
+    ) -> list[bytes]:
+        """Full digests of every full block, chained from `parent` (default NONE_HASH)."""
+        digests: list[bytes] = []
+        prev = parent or self.none_hash
+        lora: tuple[str, ...] = (lora_name,) if lora_name else ()
+        for i, block in enumerate(cut_blocks(tokens, self.block_size)):
+            extras = lora + ((cache_salt,) if cache_salt and i == 0 and parent is None else ())
+            prev = self._hash((prev, tuple(block), extras or None))
+            digests.append(prev)
+        return digests
+
+    def block_hashes(
+        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+    ) -> list[int]:
+        """The block hashes as vLLM's KV events carry them (low 64 bits of each digest)."""
+        return [
+            event_int(d)
+            for d in self.block_digests(tokens, cache_salt=cache_salt, lora_name=lora_name)
+        ]
+
+
+class Xxh3BlockHasher:
+    """warmgate's fast precise chain: xxh3_64 over u32-LE tokens, seeded per model and salt."""
+
+    def __init__(self, *, model: str, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.model = model
+        self.block_size = block_size
+        self._block = struct.Struct(f"<{block_size}I")
+
+    def block_hashes(
+        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+    ) -> list[int]:
+        salt = cache_salt if not lora_name else f"{cache_salt or ''}\x00lora:{lora_name}"
+        seed = chain_seed(self.model, salt)
+        full = len(tokens) // self.block_size
+        try:
+            data = struct.pack(f"<{full * self.block_size}I", *tokens[: full * self.block_size])
+        except struct.error as exc:
+            raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
+        digest = xxhash.xxh3_64_intdigest
+        hashes: list[int] = []
+        append = hashes.append
+        parent = b""
+        for (chunk,) in struct.iter_unpack(f"{self._block.size}s", data):
+            h = digest(parent + chunk, seed)
+            append(h)
+            parent = h.to_bytes(8, "little")
+        return hashes
+
+
+async def tokens_of(tokenize: Tokenizer, payload: Any) -> list[int]:
+    """Token ids of `payload` from the caller's tokenizer, sync or async."""
+    result = tokenize(payload)
+    if inspect.isawaitable(result):
+        result = await result
+    return list(result)
+
+
+async def precise_route_request(
+    payload: Any,
+    *,
+    tokenize: Tokenizer,
+    hasher: BlockHasher,
+    model: str,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+    session_key: str | None = None,
+    max_tokens: int | None = None,
+) -> RouteRequest:
+    """A `RouteRequest` whose block chain matches the engine's own block hashes."""
+    tokens = await tokens_of(tokenize, payload)
+    if len(tokens) // hasher.block_size > THREAD_THRESHOLD_BLOCKS:
+        hashes = await asyncio.to_thread(
+            hasher.block_hashes, tokens, cache_salt=cache_salt, lora_name=lora_name
+        )
+    else:
+        hashes = hasher.block_hashes(tokens, cache_salt=cache_salt, lora_name=lora_name)
+    return RouteRequest(
+        model=model,
+        block_hashes=hashes,
+        block_tokens=hasher.block_size,
+        prompt_tokens=len(tokens),
+        session_key=session_key,
+        max_tokens=max_tokens,
+    )
