@@ -11,9 +11,10 @@ completions with `stream_options.include_usage`, so each record gets:
 - `status`, `error`, usage (`prompt_tokens`, `completion_tokens`, `cached_tokens` from
   `usage.prompt_tokens_details.cached_tokens`);
 - `instance`: from `x-warmgate-instance`, else the engine's `x-engine-instance` if the
-  gateway passes it through, else a header naming the upstream base URL (LiteLLM's
-  `x-litellm-model-api-base`) mapped through `instance_by_url`; else None, and the caller
-  attributes requests from the engines' own counters (`bench.engine_metrics`).
+  gateway passes it through (as is, or LiteLLM's `llm_provider-` copy), else a header naming
+  the upstream (LiteLLM's deployment id or `x-litellm-model-api-base`, mapped through
+  `instance_by_url`); else None, and the caller attributes requests from the engines' own
+  counters (`bench.engine_metrics`).
 
 A progress line goes to stderr (rewritten in place on a terminal, every 10 s otherwise).
 """
@@ -30,7 +31,15 @@ from typing import Any, TextIO
 
 import httpx
 
-INSTANCE_HEADERS = ("x-warmgate-instance", "x-engine-instance")
+# Checked in order: warmgate's own, the engine's (smg passes it through unchanged, LiteLLM
+# prefixes upstream headers with `llm_provider-`), LiteLLM's deployment id (bench.peers sets
+# it to the instance id).
+INSTANCE_HEADERS = (
+    "x-warmgate-instance",
+    "x-engine-instance",
+    "llm_provider-x-engine-instance",
+    "x-litellm-model-id",
+)
 UPSTREAM_URL_HEADERS = ("x-litellm-model-api-base",)
 
 

@@ -8,9 +8,10 @@ piece of text:
 - the text of block id k is drawn from a word list by a generator seeded with
   (seed, k, parent id), so equal ids give equal text and the same id reached through a
   different parent (which a well-formed trace never has) still gives different text;
-- every block is exactly `block_tokens * chars_per_token` characters (words, padded or cut),
-  so block boundaries fall on the same character offsets in every request and character
-  blocks of the gateway (256 chars) and token blocks of the engine tile each trace block
+- every block is exactly `block_tokens` tokens of the simulated engine's tokenizer and
+  `4 * block_tokens` characters (words of 3 and 7 letters, see below), so block boundaries
+  fall on the same character and token offsets in every request: the gateway's character
+  blocks (256 chars = 64 tokens) and the engine's token blocks tile each trace block
   without straddling two of them;
 - the prompt is the concatenation of its blocks' texts, cut to `input_length` tokens' worth
   of characters (the last trace block is usually partial).
@@ -29,33 +30,26 @@ import xxhash
 
 from bench.replay import ReplayItem
 
-# Short common words: ~4-5 characters a word with its space, like the English text the
-# 4-chars-per-token estimate is made for.
+# Words of 3 and 7 letters: with its leading space a 3-letter word is one token of 4
+# characters under the simulated engine's tokenizer (sim.tokenizer: a space plus up to four
+# letters a token) and a 7-letter word two tokens of 8, so synthesised text has exactly
+# 4 characters a token there, and block boundaries fall between tokens.
 _WORD_TEXT = (
-    "the of and to in is it you that he was for on are with as his they be at one have "
-    "this from or had by hot word but what some we can out other were all there when up "
-    "use your how said an each she which do their time if will way about many then them "
-    "write would like so these her long make thing see him two has look more day could go "
-    "come did number sound no most people my over know water than call first who may down "
-    "side been now find any new work part take get place made live where after back little "
-    "only round man year came show every good me give our under name very through just form "
-    "sentence great think say help low line differ turn cause much mean before move right "
-    "boy old too same tell does set three want air well also play small end put home read "
-    "hand port large spell add even land here must big high such follow act why ask men "
-    "change went light kind off need house picture try us again animal point mother world "
-    "near build self earth father head stand own page should country found answer school "
-    "grow study still learn plant cover food sun four between state keep eye never last let "
-    "thought city tree cross farm hard start might story saw far sea draw left late run "
-    "while press close night real life few north open seem together next white children "
-    "begin got walk example ease paper group always music those both mark often letter until "
-    "mile river car feet care second book carry took science eat room friend began idea fish "
-    "mountain stop once base hear horse cut sure watch color face wood main enough plain "
-    "girl usual young ready above ever red list though feel talk bird soon body dog family "
-    "direct pose leave song measure door product black short numeral class wind question"
+    "the and for are but not you all any can had her was one our out day get has him his how "
+    "man new now old see two way who boy did its let put say she too use art bar bed big box "
+    "cat cup dog ear egg eye fan fox gem hat ice ink jar key kit leg map mud net oak owl pan "
+    "pen pig pot rat red row sea sky sun tea toy van war web wig yak zoo axe bow elf orc inn "
+    "ancient balance captain dungeon emerald faction general harvest journey kingdom lantern "
+    "machine network outpost pilgrim quarter rampart sailors scholar thunder uniform village "
+    "warrior wizards bastion cavalry descent emperor fortune gallery harbour justice knights "
+    "lookout mermaid nomadic oracles phantom healing dragons goblins potions castles forests "
+    "islands temples caverns bandits archers armored blessed crystal dwarven evening fallows"
 )
-_WORDS = tuple(_WORD_TEXT.split())
+_W3 = tuple(w for w in _WORD_TEXT.split() if len(w) == 3)
+_W7 = tuple(w for w in _WORD_TEXT.split() if len(w) == 7)
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-DEFAULT_CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN = 4
 DEFAULT_CACHE_BLOCKS = 65_536
 
 
@@ -66,15 +60,13 @@ class BlockTextSynth:
         self,
         *,
         block_tokens: int,
-        chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
         seed: int = 0,
         cache_blocks: int = DEFAULT_CACHE_BLOCKS,
     ) -> None:
-        if block_tokens <= 0 or chars_per_token <= 0:
-            raise ValueError("block_tokens and chars_per_token must be positive")
+        if block_tokens < 2:
+            raise ValueError("block_tokens must be at least 2")
         self.block_tokens = block_tokens
-        self.chars_per_token = chars_per_token
-        self.block_chars = block_tokens * chars_per_token
+        self.block_chars = block_tokens * CHARS_PER_TOKEN
         self.seed = seed
         self._cache: OrderedDict[tuple[int, int | None], str] = OrderedDict()
         self._cache_blocks = cache_blocks
@@ -96,19 +88,22 @@ class BlockTextSynth:
         tag = f"{self.seed}:{block_id}:{'-' if parent_id is None else parent_id}"
         digest = xxhash.xxh3_64_intdigest(tag.encode())
         rng = random.Random(digest)
-        # A hex tag first: texts of distinct ids part within their first few characters.
-        words: list[str] = [f"{digest:016x}"[:8]]
-        size = len(words[0])
-        while size < self.block_chars:
-            word = _WORDS[rng.randrange(len(_WORDS))]
-            words.append(word)
-            size += len(word) + 1
-        text = " ".join(words)[: self.block_chars - 1]
-        return text + ("\n" if rng.random() < 0.1 else " ")
+        # A 7-letter tag first (2 tokens): texts of distinct ids part within a few characters.
+        name = "".join(_LETTERS[(digest >> (5 * k)) % 26] for k in range(7))
+        words = [" " + name]
+        left = self.block_chars - 8
+        while left > 0:
+            if left >= 8 and rng.random() < 0.4:
+                words.append(" " + _W7[rng.randrange(len(_W7))])
+                left -= 8
+            else:
+                words.append(" " + _W3[rng.randrange(len(_W3))])
+                left -= 4
+        return "".join(words)
 
     def prompt(self, hash_ids: Sequence[int], input_tokens: int) -> str:
         """The prompt of a trace line: its blocks' texts, cut to `input_tokens` tokens."""
-        chars = max(0, input_tokens) * self.chars_per_token
+        chars = max(0, input_tokens) * CHARS_PER_TOKEN
         parts: list[str] = []
         have = 0
         parent: int | None = None
@@ -133,14 +128,13 @@ def mooncake_items(
     lines: Sequence[str],
     *,
     block_tokens: int = 512,
-    chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
     seed: int = 0,
     limit: int | None = None,
     max_output_tokens: int | None = None,
 ) -> list[ReplayItem]:
     """Replay items for Mooncake-format JSON lines (`timestamp` in ms, `input_length`,
     `output_length`, `hash_ids`), each prompt one user message of synthesised text."""
-    synth = BlockTextSynth(block_tokens=block_tokens, chars_per_token=chars_per_token, seed=seed)
+    synth = BlockTextSynth(block_tokens=block_tokens, seed=seed)
     items: list[ReplayItem] = []
     for n, line in enumerate(lines):
         if limit is not None and len(items) >= limit:

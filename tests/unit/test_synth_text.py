@@ -9,6 +9,7 @@ import pytest
 
 from bench.synth_text import BlockTextSynth, mooncake_items
 from router.blocks import chain_seed, hash_blocks
+from sim.tokenizer import Tokenizer
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
 TRACE = TRACE / "mooncake_conversation.jsonl"
@@ -43,7 +44,7 @@ def test_shared_ids_give_exactly_the_shared_prefix(shared: int) -> None:
     b = synth.prompt(ids_b, input_tokens=64 * len(ids_b) - 10)  # last block partial
     assert len(a) == 256 * len(ids_a)
     assert len(b) == 4 * (64 * len(ids_b) - 10)
-    # Distinct blocks part within their leading 8-hex-digit tag (equal by chance at most).
+    # Distinct blocks part within their leading 7-letter tag (equal by chance at most).
     assert 256 * shared <= _common_prefix(a, b) < 256 * shared + 8
 
 
@@ -69,7 +70,19 @@ def test_prompt_pads_when_ids_cover_too_few_tokens() -> None:
 
 def test_invalid_sizes_are_refused() -> None:
     with pytest.raises(ValueError):
-        BlockTextSynth(block_tokens=0)
+        BlockTextSynth(block_tokens=1)
+
+
+def test_blocks_are_exactly_block_tokens_of_the_sim_tokenizer() -> None:
+    tok = Tokenizer()
+    synth = BlockTextSynth(block_tokens=512, seed=2)
+    for block_id in range(20):
+        assert len(tok.encode(synth.block_text(block_id, parent_id=block_id - 1))) == 512
+    prompt = synth.prompt(list(range(7)), input_tokens=3000)
+    assert len(tok.encode(prompt)) == 3000
+    # Token boundaries fall on block boundaries: a prefix of blocks is a prefix of tokens.
+    head = synth.prompt(list(range(3)), input_tokens=3 * 512)
+    assert tok.encode(prompt)[: 3 * 512] == tok.encode(head)
 
 
 def test_mooncake_items_from_the_real_trace() -> None:

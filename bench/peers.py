@@ -1,0 +1,335 @@
+"""Fleets and gateways for side-by-side runs: start them from a clean state, stop them for sure.
+
+A `Fleet` is N simulated engines (`python -m sim.engine`), each with its own tier daemon
+(`tierd serve`) when tierd is installed, all started fresh in a new temporary directory with
+the same seed, so every gateway meets identical engines. A gateway is one of:
+
+- `warmgate-ttft`, `warmgate-prefix`, `round-robin`: `warmgate serve` with that policy
+  (`ttft`, `prefix`, `round_robin`), configured through a YAML file (`WARMGATE_CONFIG`);
+- `smg`: the SGLang model gateway, `smg launch --policy cache_aware` (PROTOCOLS §3);
+- `litellm`: the LiteLLM proxy, one deployment per engine under one model name,
+  `routing_strategy: least-busy`.
+
+Peers live in their own virtual environment (`.venv-peers`), never in warmgate's
+dependencies; `peer_missing()` says how to install one that is not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
+PEER_INSTALL = (
+    f"python3 -m venv {PEERS_VENV} && {PEERS_VENV}/bin/pip install sglang-router 'litellm[proxy]'"
+)
+WARMGATE_POLICIES = {
+    "warmgate-ttft": "ttft",
+    "warmgate-prefix": "prefix",
+    "round-robin": "round_robin",
+}
+PEER_BINARIES = {"smg": "smg", "litellm": "litellm"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def peer_missing(name: str) -> str | None:
+    """Why gateway `name` cannot run here (with the command that fixes it), or None."""
+    if name in WARMGATE_POLICIES:
+        return None
+    binary = PEER_BINARIES.get(name)
+    if binary is None:
+        return f"unknown gateway {name!r}"
+    if not (PEERS_VENV / "bin" / binary).exists():
+        return f"{binary} not installed in {PEERS_VENV}; install with: {PEER_INSTALL}"
+    return None
+
+
+def tierd_available() -> bool:
+    return importlib.util.find_spec("tierd.server") is not None or (
+        importlib.util.find_spec("tierd.serve") is not None
+    )
+
+
+class Proc:
+    """A child process in its own process group, its output in a log file."""
+
+    def __init__(self, name: str, args: Sequence[str], log: Path, env: dict[str, str]) -> None:
+        self.name, self.args, self.log_path = name, list(args), log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            start_new_session=True,
+        )
+
+    def tail(self, n: int = 30) -> str:
+        self._log.flush()
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    @classmethod
+    async def spawn(
+        cls, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None
+    ) -> Proc:
+        """Start the process off the event loop (fork/exec and the log file's open)."""
+        return await asyncio.to_thread(cls, name, args, log, env or {})
+
+    async def wait_http(self, url: str, timeout_s: float = 60.0, expect: int = 200) -> None:
+        """Poll `url` until it answers `expect`; raise with the log's tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    tail = await asyncio.to_thread(self.tail)
+                    raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{tail}")
+                try:
+                    r = await client.get(url)
+                    if r.status_code == expect:
+                        return
+                    last = f"status {r.status_code}"
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                await asyncio.sleep(0.2)
+        tail = await asyncio.to_thread(self.tail)
+        raise TimeoutError(f"{self.name}: {url} not ready after {timeout_s}s ({last}):\n{tail}")
+
+    def _stop_sync(self, timeout_s: float) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        await asyncio.to_thread(self._stop_sync, timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """How to start the engines; identical for every gateway of a comparison."""
+
+    instances: int = 3
+    model: str = "sim-qwen2.5-32b"
+    profile: str = "qwen2.5-32b-h200"
+    time_scale: float = 1.0
+    seed: int = 0
+    block_tokens: int = 16  # engine KV block size (vLLM default)
+    kv_capacity_tokens: int | None = None
+    tierd: bool = True  # run a tierd beside each engine (when tierd is installed)
+    array: bool = True  # give the tierds one shared array directory
+    l1_bytes: int = 256 * 1024 * 1024
+    extra_engine_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Fleet:
+    """Running engines (and their tierds); `engines` maps instance id -> base URL."""
+
+    spec: FleetSpec
+    workdir: Path
+    engines: dict[str, str] = field(default_factory=dict)
+    tierds: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    async def start(self) -> None:
+        spec = self.spec
+        use_tierd = spec.tierd and tierd_available()
+        array_dir = self.workdir / "array"
+        array_dir.mkdir(parents=True, exist_ok=True)
+        for n in range(spec.instances):
+            inst = f"e{n}"
+            args = [
+                sys.executable, "-m", "sim.engine", "--host", "127.0.0.1",
+                "--port", str(port := free_port()), "--instance-id", inst,
+                "--model", spec.model, "--profile", spec.profile,
+                "--time-scale", str(spec.time_scale), "--seed", str(spec.seed),
+                "--block-tokens", str(spec.block_tokens), *spec.extra_engine_args,
+            ]  # fmt: skip
+            if spec.kv_capacity_tokens is not None:
+                args += ["--kv-capacity-tokens", str(spec.kv_capacity_tokens)]
+            if use_tierd:
+                tport = free_port()
+                snap = self.workdir / f"snap-{inst}"
+                snap.mkdir(exist_ok=True)
+                targs = [
+                    sys.executable, "-m", "tierd.cli", "serve", "--host", "127.0.0.1",
+                    "--port", str(tport), "--l1-bytes", str(spec.l1_bytes),
+                    "--snapshot-dir", str(snap), "--instance-id", inst,
+                    "--emulate", spec.profile,
+                ]  # fmt: skip
+                if spec.array:
+                    targs += ["--array-dir", str(array_dir)]
+                tproc = await Proc.spawn(f"tierd-{inst}", targs, self.workdir / f"tierd-{inst}.log")
+                self.procs.append(tproc)
+                self.tierds[inst] = f"http://127.0.0.1:{tport}"
+                args += ["--tierd-url", self.tierds[inst]]
+            self.procs.append(await Proc.spawn(inst, args, self.workdir / f"{inst}.log"))
+            self.engines[inst] = f"http://127.0.0.1:{port}"
+        waits = [
+            p.wait_http(self.tierds[p.name[6:]] + "/livez")
+            for p in self.procs
+            if p.name.startswith("tierd-")
+        ]
+        await asyncio.gather(*waits)
+        await asyncio.gather(
+            *(
+                p.wait_http(self.engines[p.name] + "/health")
+                for p in self.procs
+                if p.name in self.engines
+            )
+        )
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
+
+
+@dataclass
+class Gateway:
+    """A running gateway in front of a fleet."""
+
+    name: str
+    base_url: str  # ends in /v1
+    proc: Proc
+    instance_by_url: dict[str, str]
+    api_key: str | None = None
+
+    async def stop(self) -> None:
+        await self.proc.stop()
+
+
+def warmgate_config(fleet: Fleet, policy: str, port: int) -> dict[str, Any]:
+    return {
+        "host": "127.0.0.1",
+        "port": port,
+        "log_level": "warning",
+        "instances": [
+            {
+                "id": inst,
+                "url": url,
+                "models": [fleet.spec.model],
+                **({"tierd_url": fleet.tierds[inst]} if inst in fleet.tierds else {}),
+            }
+            for inst, url in fleet.engines.items()
+        ],
+        "routing": {"policy": policy},
+    }
+
+
+def litellm_config(fleet: Fleet, master_key: str) -> dict[str, Any]:
+    return {
+        "model_list": [
+            {
+                "model_name": fleet.spec.model,
+                "litellm_params": {
+                    "model": f"openai/{fleet.spec.model}",
+                    "api_base": url + "/v1",
+                    "api_key": "none",
+                },
+                "model_info": {"id": inst},
+            }
+            for inst, url in fleet.engines.items()
+        ],
+        "router_settings": {"routing_strategy": "least-busy", "num_retries": 0},
+        "litellm_settings": {"drop_params": True, "request_timeout": 600},
+        "general_settings": {"master_key": master_key},
+    }
+
+
+async def start_gateway(name: str, fleet: Fleet, workdir: Path) -> Gateway:
+    """Start gateway `name` in front of `fleet` and wait until it answers."""
+    port = free_port()
+    api_key: str | None = None
+    by_url = {url: inst for inst, url in fleet.engines.items()}
+    log = workdir / f"gateway-{name}.log"
+    if name in WARMGATE_POLICIES:
+        cfg = workdir / f"warmgate-{name}.yaml"
+        cfg.write_text(yaml.safe_dump(warmgate_config(fleet, WARMGATE_POLICIES[name], port)))
+        args = [sys.executable, "-m", "gateway.cli", "serve"]
+        env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port)}
+        proc = await Proc.spawn(name, args, log, env)
+        await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+    elif name == "smg":
+        args = [
+            str(PEERS_VENV / "bin" / "smg"), "launch", "--host", "127.0.0.1",
+            "--port", str(port), "--worker-urls", *fleet.engines.values(),
+            "--policy", "cache_aware", "--prometheus-port", str(free_port()),
+            "--prometheus-host", "127.0.0.1", "--log-level", "warn",
+        ]  # fmt: skip
+        proc = await Proc.spawn(name, args, log)
+        await proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=90)
+    elif name == "litellm":
+        cfg = workdir / "litellm.yaml"
+        api_key = "sk-bench-" + secrets.token_hex(16)  # the proxy refuses to start without one
+        cfg.write_text(yaml.safe_dump(litellm_config(fleet, api_key)))
+        args = [str(PEERS_VENV / "bin" / "litellm"), "--config", str(cfg),
+                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+               "DISABLE_SCHEMA_UPDATE": "True"}  # fmt: skip
+        proc = await Proc.spawn(name, args, log, env)
+        await proc.wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=180)
+    else:
+        raise ValueError(f"unknown gateway {name!r}")
+    return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, by_url, api_key)
+
+
+@contextlib.asynccontextmanager
+async def fleet_with_gateway(
+    spec: FleetSpec, gateway: str | None, keep_logs: Path | None = None
+) -> Any:
+    """Fresh engines and (optionally) one gateway; both stopped and cleaned on exit.
+    Yields (fleet, gateway or None). Logs are copied to `keep_logs` when given."""
+    workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="warmgate-bench-"))
+    fleet = Fleet(spec, workdir)
+    gw: Gateway | None = None
+    try:
+        await fleet.start()
+        if gateway is not None:
+            gw = await start_gateway(gateway, fleet, workdir)
+        yield fleet, gw
+    finally:
+        if gw is not None:
+            await gw.stop()
+        await fleet.stop()
+        if keep_logs is not None:
+            await asyncio.to_thread(_copy_logs, workdir, keep_logs)
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+
+def _copy_logs(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for log in src.glob("*.log"):
+        shutil.copy2(log, dst / log.name)
