@@ -60,7 +60,7 @@ def build_state(settings: Settings) -> AppState:
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
         health=HealthChecker(settings.instances, settings.health, client, metrics),
         router=build_router(settings.routing),
-        prefetcher=Prefetcher(settings.instances, metrics, enabled=settings.tiers.prefetch),
+        prefetcher=Prefetcher(settings.instances, metrics, client, enabled=settings.tiers.prefetch),
         started_at=time.time(),
     )
 

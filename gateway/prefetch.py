@@ -15,6 +15,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import httpx
+
 from gateway.metrics import GatewayMetrics
 from gateway.settings import InstanceSettings
 
@@ -22,7 +24,9 @@ log = logging.getLogger("warmgate.prefetch")
 
 
 class TierdLike(Protocol):
-    async def prefetch(self, hashes: Sequence[int], deadline_s: float) -> Any: ...
+    async def prefetch(
+        self, hashes: Sequence[int], deadline_s: float, session: str | None = None
+    ) -> Any: ...
 
     async def stats(self) -> Any: ...
 
@@ -43,6 +47,7 @@ class Prefetcher:
         self,
         instances: Sequence[InstanceSettings],
         metrics: GatewayMetrics,
+        client: httpx.AsyncClient,
         *,
         enabled: bool,
         max_pending: int = 10_000,
@@ -56,13 +61,15 @@ class Prefetcher:
         if cls is not None:
             for inst in instances:
                 if inst.tierd_url:
-                    self.clients[inst.id] = cls(inst.tierd_url)
+                    self.clients[inst.id] = cls(inst.tierd_url, client=client)
 
     @property
     def available(self) -> bool:
         return bool(self.clients)
 
-    def hint(self, instance: str, hashes: Sequence[int], deadline_s: float) -> bool:
+    def hint(
+        self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None = None
+    ) -> bool:
         """Start a prefetch hint in the background; False when none was sent."""
         client = self.clients.get(instance)
         if not self._enabled or client is None or not hashes:
@@ -70,16 +77,21 @@ class Prefetcher:
         if len(self._pending) >= self._max_pending:  # tierd is not keeping up: drop hints
             self._metrics.prefetch_hints.labels("dropped").inc()
             return False
-        task = asyncio.create_task(self._send(instance, client, list(hashes), deadline_s))
+        task = asyncio.create_task(self._send(instance, client, list(hashes), deadline_s, session))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return True
 
     async def _send(
-        self, instance: str, client: TierdLike, hashes: list[int], deadline_s: float
+        self,
+        instance: str,
+        client: TierdLike,
+        hashes: list[int],
+        deadline_s: float,
+        session: str | None,
     ) -> None:
         try:
-            await asyncio.wait_for(client.prefetch(hashes, deadline_s), timeout=deadline_s)
+            await asyncio.wait_for(client.prefetch(hashes, deadline_s, session), deadline_s)
         except Exception as exc:  # a hint is advice: its failure never reaches the request
             self._metrics.prefetch_hints.labels("failed").inc()
             log.debug("prefetch hint to %s failed: %r", instance, exc)

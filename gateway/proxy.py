@@ -151,7 +151,10 @@ async def proxy_completion(
     state.metrics.decisions.labels(decision.instance, decision.policy).inc()
     ex = Exchange(state, parsed, rr, decision, started, request_id)
     state.prefetcher.hint(
-        decision.instance, rr.block_hashes, state.settings.tiers.prefetch_deadline_s
+        decision.instance,
+        rr.block_hashes,
+        state.settings.tiers.prefetch_deadline_s,
+        parsed.session_key,
     )
     allowed = set(candidates)
     order = [decision.instance, *(f for f in decision.fallbacks if f in allowed)]

@@ -2,8 +2,8 @@
 policy (`policy.set_bandwidths(instance, {"L2": bps, "array": bps, "L3": bps})`, when the
 policy has that method). The last stats are kept for `/admin/instances`.
 
-Bandwidths are read from the stats' `bandwidths` mapping (bytes per second into L1), keyed by
-tier label (`L2`, `array`, `L3`) or by direction (`l2_to_l1`, `array_to_l1`, `l3_to_l1`).
+Bandwidths (bytes per second into L1) come from tierd's `bandwidth_bytes_per_s` (measured
+rates preferred over configured ones; tierd's `snapshot` tier is the router's `L3`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from gateway.state import AppState
 log = logging.getLogger("warmgate.tiers")
 
 _KEYS = {
-    "L2": ("L2", "l2", "l2_to_l1"),
+    "L2": ("L2", "l2", "l2_to_l1", "host"),
     "array": ("array", "ARRAY", "array_to_l1"),
-    "L3": ("L3", "l3", "l3_to_l1"),
+    "L3": ("L3", "l3", "l3_to_l1", "snapshot", "SNAPSHOT"),
 }
 
 
-def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
-    """Tier label -> bytes/s found in a tierd stats answer (missing tiers left out)."""
-    source = stats.get("bandwidths")
+def _pick(source: Any) -> dict[str, float]:
     if not isinstance(source, Mapping):
         return {}
     out: dict[str, float] = {}
@@ -37,6 +35,18 @@ def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
                 out[label] = float(value)
                 break
     return out
+
+
+def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
+    """Tier label -> bytes/s found in a tierd stats answer (missing tiers left out).
+
+    tierd answers `bandwidth_bytes_per_s: {measured: {array, snapshot}, configured: {...}}`;
+    a measured rate wins over the configured one, tier by tier. A flat `bandwidths` mapping
+    is read too."""
+    nested = stats.get("bandwidth_bytes_per_s")
+    if isinstance(nested, Mapping):
+        return {**_pick(nested.get("configured")), **_pick(nested.get("measured"))}
+    return _pick(stats.get("bandwidths"))
 
 
 async def poll_once(state: AppState) -> None:

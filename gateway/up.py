@@ -1,0 +1,358 @@
+"""`warmgate up`: a whole local stack in one command, no Redis needed.
+
+Starts N simulated engines (`python -m sim.engine`), one `tierd serve` per instance sharing
+one array directory (when tierd's server is installed), waits until each answers, then
+starts the gateway (`warmgate serve` on a generated YAML config) and waits for its `/readyz`.
+Prints the base URL and an OpenAI SDK example, then supervises: Ctrl-C or SIGTERM stops
+everything (gateway first, then engines, then tierds), as does the gateway dying.
+
+Every child runs in its own session (Ctrl-C reaches only this supervisor, which stops the
+children in order) and logs to a file in the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import httpx
+import yaml
+
+DEFAULT_MODEL = "sim-qwen2.5-32b"
+DEFAULT_PROFILE = "qwen2.5-32b-h200"
+DEFAULT_TIME_SCALE = 0.1  # 10x faster than the profile's real time: a responsive quickstart
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="warmgate up", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=int(_env("WARMGATE_UP_INSTANCES", "3")),
+        help="simulated instances (env WARMGATE_UP_INSTANCES, default 3)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("WARMGATE_PORT", "8000")),
+        help="gateway port (env WARMGATE_PORT, default 8000)",
+    )
+    p.add_argument(
+        "--host",
+        default=_env("WARMGATE_HOST", "127.0.0.1"),
+        help="gateway address (env WARMGATE_HOST, default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--profile",
+        default=_env("WARMGATE_UP_PROFILE", DEFAULT_PROFILE),
+        help=f"engine timing profile (env WARMGATE_UP_PROFILE, default {DEFAULT_PROFILE})",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=float(_env("WARMGATE_UP_TIME_SCALE", str(DEFAULT_TIME_SCALE))),
+        help="wall seconds per simulated second; 1 = real time "
+        f"(env WARMGATE_UP_TIME_SCALE, default {DEFAULT_TIME_SCALE})",
+    )
+    p.add_argument(
+        "--model",
+        default=_env("WARMGATE_UP_MODEL", DEFAULT_MODEL),
+        help=f"model id the engines serve (env WARMGATE_UP_MODEL, default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--policy",
+        default=os.environ.get("WARMGATE_ROUTING__POLICY"),
+        help="routing policy (env WARMGATE_ROUTING__POLICY; default: the gateway's)",
+    )
+    p.add_argument(
+        "--no-tierd",
+        action="store_true",
+        default=_env("WARMGATE_UP_NO_TIERD", "") not in ("", "0", "false"),
+        help="run the engines without tierds (env WARMGATE_UP_NO_TIERD=1)",
+    )
+    p.add_argument(
+        "--l1-bytes",
+        type=int,
+        default=int(_env("WARMGATE_UP_L1_BYTES", str(256 << 20))),
+        help="each tierd's L1 arena in bytes (env WARMGATE_UP_L1_BYTES, default 256 MiB)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=os.environ.get("WARMGATE_UP_RUN_DIR"),
+        help="where logs, config and the shared array go (env WARMGATE_UP_RUN_DIR; "
+        "default: a temporary directory removed on exit)",
+    )
+    p.add_argument(
+        "--start-timeout", type=float, default=120.0, help="seconds to wait for each part to answer"
+    )
+    args = p.parse_args(list(argv))
+    if args.instances < 1:
+        p.error("--instances must be at least 1")
+    return args
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def tierd_available() -> bool:
+    try:
+        return importlib.util.find_spec("tierd.serve") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclass
+class Child:
+    """One supervised process, in its own session, logging to a file."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM while starting or running."""
+
+
+def wait_http(child: Child, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise RuntimeError(
+                    f"{child.name} exited early; log {child.log_path}:\n{child.tail()}"
+                )
+            try:
+                resp = client.get(url)
+                if resp.status_code == 200:
+                    return
+                last = f"status {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.2)
+    raise RuntimeError(
+        f"{child.name} did not answer {url} within {timeout_s:.0f}s ({last}); "
+        f"log {child.log_path}:\n{child.tail()}"
+    )
+
+
+def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, tierds: bool) -> str:
+    return "\n".join(
+        [
+            "",
+            f"warmgate is up: {args.instances} simulated instances ({args.profile}, time scale "
+            f"{args.time_scale:g}){', each with a tierd' if tierds else ''}",
+            f"  base URL:  {base_url}",
+            f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
+            f"  logs:      {run_dir}",
+            "",
+            "  from openai import OpenAI",
+            f'  client = OpenAI(base_url="{base_url}", api_key="unused")',
+            f'  print(client.chat.completions.create(model="{model}", messages=[{{"role": "user", '
+            '"content": "Hello!"}]).choices[0].message.content)',
+            "",
+            "Ctrl-C stops everything.",
+            "",
+        ]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="warmgate-up-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    use_tierd = not args.no_tierd and tierd_available()
+    py = sys.executable
+    tierds: list[Child] = []
+    engines: list[Child] = []
+    gateway: Child | None = None
+    try:
+        instances: list[dict[str, Any]] = []
+        array_dir = run_dir / "array"
+        for i in range(args.instances):
+            iid = f"sim-{i}"
+            tierd_url = None
+            if use_tierd:
+                tport = free_port()
+                snap = run_dir / f"snapshots-{iid}"
+                array_dir.mkdir(exist_ok=True)
+                snap.mkdir(exist_ok=True)
+                t = Child(
+                    f"tierd {iid}",
+                    [
+                        py,
+                        "-m",
+                        "tierd.cli",
+                        "serve",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(tport),
+                        "--l1-bytes",
+                        str(args.l1_bytes),
+                        "--array-dir",
+                        str(array_dir),
+                        "--snapshot-dir",
+                        str(snap),
+                        "--emulate",
+                        args.profile,
+                        "--instance-id",
+                        iid,
+                    ],
+                    run_dir / f"tierd-{iid}.log",
+                )
+                t.start()
+                tierds.append(t)
+                tierd_url = f"http://127.0.0.1:{tport}"
+            eport = free_port()
+            e_args = [
+                py,
+                "-m",
+                "sim.engine",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(eport),
+                "--instance-id",
+                iid,
+                "--model",
+                args.model,
+                "--profile",
+                args.profile,
+                "--time-scale",
+                str(args.time_scale),
+                "--seed",
+                str(i),
+            ]
+            if tierd_url:
+                e_args += ["--tierd-url", tierd_url]
+            instances.append(
+                {
+                    "id": iid,
+                    "url": f"http://127.0.0.1:{eport}",
+                    "tierd_url": tierd_url,
+                    "models": [args.model],
+                }
+            )
+            engines.append(Child(f"engine {iid}", e_args, run_dir / f"engine-{iid}.log"))
+        for t, inst in zip(tierds, instances, strict=False):
+            wait_http(t, f"{inst['tierd_url']}/livez", args.start_timeout)
+        for e in engines:
+            e.start()
+        for e, inst in zip(engines, instances, strict=True):
+            wait_http(e, f"{inst['url']}/health", args.start_timeout)
+        config: dict[str, Any] = {"host": args.host, "port": args.port, "instances": instances}
+        if args.policy:
+            config["routing"] = {"policy": args.policy}
+        config_path = run_dir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        gateway = Child(
+            "gateway",
+            [
+                py,
+                "-m",
+                "gateway.serve",
+                "--config",
+                str(config_path),
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+            ],
+            run_dir / "gateway.log",
+        )
+        gateway.start()
+        probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        wait_http(gateway, f"http://{probe_host}:{args.port}/readyz", args.start_timeout)
+        print(
+            banner(f"http://{probe_host}:{args.port}/v1", args.model, run_dir, args, use_tierd),
+            flush=True,
+        )
+        while gateway.alive():
+            time.sleep(0.5)
+        print(
+            f"warmgate up: the gateway exited; log {gateway.log_path}:\n{gateway.tail()}",
+            file=sys.stderr,
+        )
+        return 1
+    except Interrupted:
+        print("\nwarmgate up: stopping...", file=sys.stderr, flush=True)
+        return 0
+    except RuntimeError as exc:
+        print(f"warmgate up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for child in ([gateway] if gateway else []) + engines + tierds:
+            child.stop()
+        if not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
