@@ -106,6 +106,9 @@ class Loader:
         t.waiters -= 1
         if t.waiters <= 0 and t.task is not None and not t.task.done():
             t.task.cancel()
+            for h in t.hashes:
+                if self._flights.get(h) is t:
+                    del self._flights[h]
             return True
         return False
 

@@ -162,7 +162,7 @@ class TieredStore:
                 if slot is not None:
                     slots.append(slot)
                     continue
-                want = min(max(n - len(slots), DEMOTE_BATCH), DEMOTE_BATCH * 4)
+                want = max(n - len(slots), min(DEMOTE_BATCH, self.l1.slots // 64))
                 victims = self.l1_order.victims(want, skip=self._protected_or_busy)
                 while not victims and self.sessions.shed_oldest():
                     victims = self.l1_order.victims(want, skip=self._protected_or_busy)

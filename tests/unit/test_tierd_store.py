@@ -1,0 +1,194 @@
+"""The tiered store in-process on real files: gate, protection, corruption, prefetch
+deadlines, single-flight loads, snapshots and restart recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from tierd import events as ev
+from tierd.daemon import Daemon
+from tierd.settings import TierdSettings
+from tierd.tiers.l2_array import TEMP_PREFIX
+
+SLOT = 4096
+
+
+def make_settings(tmp_path: Path, **kw: Any) -> TierdSettings:
+    base: dict[str, Any] = {
+        "array_dir": tmp_path / "array",
+        "snapshot_dir": tmp_path / "snap",
+        "l1_bytes": 8 * SLOT,
+        "slice_bytes": SLOT,
+        "instance_id": "t",
+        "temp_grace_s": 0.0,
+    }
+    base.update(kw)
+    return TierdSettings(**base)
+
+
+def data_of(h: int, n: int = 1000) -> bytes:
+    return random.Random(h).randbytes(n)
+
+
+@asynccontextmanager
+async def running(settings: TierdSettings) -> AsyncIterator[Daemon]:
+    d = Daemon(settings)
+    await d.start()
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+async def put_chain(d: Daemon, hashes: list[int], session: str | None = "p") -> None:
+    parent = None
+    for h in hashes:
+        await d.store.put(h, data_of(h), parent=parent, tokens=16, session=session)
+        parent = h
+
+
+async def test_frequency_gate_writes_down_only_repeat_or_session_slices(tmp_path: Path) -> None:
+    async with running(make_settings(tmp_path)) as d:
+        await d.store.put(1, data_of(1))  # one touch, no session: dropped on eviction
+        await d.store.put(2, data_of(2))
+        assert await d.loader.get(2) == data_of(2)  # second touch: written down
+        await d.store.put(3, data_of(3), session="p")  # session slice: written down
+        assert await d.evict([1, 2, 3], ev.GPU) == 3
+        assert d.store.where(1) is None
+        assert d.store.where(2) == ev.ARRAY and d.store.where(3) == ev.ARRAY
+        assert d.store.counters.gated == 1
+        assert await d.loader.get(1) is None
+        assert await d.loader.get(3) == data_of(3)
+        assert d.store.counters.hits["array"] == 1 and d.store.counters.hits["miss"] == 1
+
+
+async def test_demotion_under_pressure_keeps_protected_dialogue_in_l1(tmp_path: Path) -> None:
+    async with running(make_settings(tmp_path)) as d:
+        await put_chain(d, [1, 2], session=None)
+        await d.prefetcher.prefetch([1, 2], 1.0, session="player")  # opens a turn: protects
+        for h in range(100, 130):  # touched twice each: LRU-K alone would keep these
+            await d.store.put(h, data_of(h))
+            assert await d.loader.get(h) == data_of(h)
+        assert 1 in d.store.l1 and 2 in d.store.l1
+        assert d.store.counters.evictions["l1"] >= 30 - 6
+        # every demoted slice of the other session was written before it was freed
+        demoted = [h for h in range(100, 130) if h not in d.store.l1]
+        assert all(d.store.array.exists(h) for h in demoted)
+        assert d.store.counters.demotions["l1_to_array"] == len(demoted)
+
+
+async def test_corrupt_array_slice_is_quarantined_reported_and_never_served(
+    tmp_path: Path, redis_url: str
+) -> None:
+    import msgpack
+    import redis.asyncio as aioredis
+
+    pool = f"t{random.getrandbits(48):x}"
+    async with running(make_settings(tmp_path, redis_url=redis_url, pool=pool)) as d:
+        await put_chain(d, [11, 12])
+        await d.evict(None, ev.GPU)
+        path = d.store.array.path(11)
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        assert await d.loader.get(11) is None
+        assert not path.exists()
+        assert len(list(d.store.array.quarantine_dir.iterdir())) == 1
+        assert d.store.counters.corrupt["array"] == 1
+        assert (await d.store.lookup([11, 12]))["available"] == 0
+        assert await d.loader.get(12) == data_of(12)
+        await d.events.flush()
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        entries = await r.xrange(f"warmgate:{{{pool}}}:events")
+        await r.delete(f"warmgate:{{{pool}}}:events")
+    finally:
+        await r.aclose()
+    removed = [
+        e
+        for _, fields in entries
+        for e in msgpack.unpackb(fields[b"batch"])[1]
+        if e[0] == "BlockRemoved" and e[2] == "ARRAY"
+    ]
+    assert [11] in [e[1] for e in removed]
+
+
+async def test_prefetch_past_deadline_is_abandoned_not_waited_for(tmp_path: Path) -> None:
+    chain = [21, 22, 23, 24]
+    # 1000-byte slices over a 2 kB/s emulated array link: 2 s of transfer for the chain
+    async with running(make_settings(tmp_path, array_gbps=2e-6)) as d:
+        await put_chain(d, chain)
+        await d.evict(None, ev.GPU)
+        out = await d.prefetcher.prefetch(chain, 0.05)
+        assert out["abandoned"] == 4 and out["on_time"] == 0
+        assert d.store.counters.prefetch["abandoned"] == 4
+        assert d.loader.in_flight == 0  # cancelled, nobody else wanted them
+        assert not any(h in d.store.l1 for h in chain)
+    # the same chain from the same shared array without the slow link arrives on time
+    async with running(make_settings(tmp_path, instance_id="fast")) as d2:
+        out = await d2.prefetcher.prefetch(chain, 5.0)
+        assert out["on_time"] == 4 and out["abandoned"] == 0
+        assert all(h in d2.store.l1 for h in chain)
+
+
+async def test_concurrent_gets_of_one_slice_share_one_transfer(tmp_path: Path) -> None:
+    # 1000 bytes over a 2 kB/s link: the first transfer lasts 0.5 s, the others join it
+    async with running(make_settings(tmp_path, array_gbps=2e-6)) as d:
+        await put_chain(d, [31])
+        await d.evict(None, ev.GPU)
+        got = await asyncio.gather(*(d.loader.get(31) for _ in range(5)))
+        assert got == [data_of(31)] * 5
+        assert d.store.counters.bytes_moved["array_to_l1"] == 1000
+
+
+async def test_snapshot_brings_a_whole_chain_back_with_one_read(tmp_path: Path) -> None:
+    chain = [41, 42, 43, 44, 45, 46]
+    async with running(make_settings(tmp_path)) as d:
+        await put_chain(d, chain)
+        out = await d.snapshotter.snapshot(chain)
+        assert out["slices"] == 6 and out["missing"] == 0
+        await d.evict(None, ev.GPU)
+        await d.evict(None, ev.ARRAY)
+        where = await d.store.lookup(chain)
+        assert where["tiers"] == [ev.SNAPSHOT] * 6 and where["leading"][ev.GPU] == 0
+        assert await d.loader.get(43) == data_of(43)
+        assert (await d.store.lookup(chain))["tiers"] == [ev.GPU] * 6
+        assert d.store.counters.hits["snapshot"] == 1
+        # a damaged snapshot object is quarantined and serves nothing
+        await d.evict(None, ev.GPU)
+        obj = tmp_path / "snap" / f"{out['id']}.zst"
+        raw = bytearray(obj.read_bytes())
+        raw[len(raw) // 2] ^= 0x55
+        obj.write_bytes(bytes(raw))
+        assert await d.loader.get(44) is None
+        assert d.store.counters.corrupt["snapshot"] == 6
+        assert (await d.store.lookup(chain))["available"] == 0
+
+
+async def test_restart_rebuilds_indexes_and_never_serves_torn_files(tmp_path: Path) -> None:
+    chain = list(range(51, 61))
+    async with running(make_settings(tmp_path)) as d:
+        await put_chain(d, chain)
+        await d.snapshotter.snapshot(chain[:3])
+        await d.evict(None, ev.GPU)
+    array = tmp_path / "array"
+    torn = next(array.glob("*/*.slice"))
+    victim = int(torn.stem, 16)
+    torn.write_bytes(torn.read_bytes()[:-10])  # size no longer matches its header
+    (torn.parent / f"{TEMP_PREFIX}{victim:016x}-1-1").write_bytes(b"half a slice")
+    async with running(make_settings(tmp_path)) as d:
+        assert d.store.counters.recovered["array"] == 9
+        assert d.store.counters.recovered["snapshot"] == 3
+        assert d.store.counters.corrupt["array"] == 1
+        assert not list(array.glob(f"*/{TEMP_PREFIX}*"))
+        for h in chain:
+            got = await d.loader.get(h)
+            if h == victim and victim not in chain[:3]:
+                assert got is None
+            else:
+                assert got == data_of(h)
