@@ -3,11 +3,11 @@
  * while bytes move: host copies are cut into chunks of at most 1 MiB and spread over a few
  * memcpy threads (wg_parallel_for) when the batch is large; copies touching a DeviceArena go
  * to its GPU backend; file batches run one slice per item on pread/pwrite threads. */
+#include "wg_py.h" /* first: Python.h sets _GNU_SOURCE, which O_DIRECT needs */
+
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-
-#include "wg_py.h"
 
 #define WG_CHUNK (1u << 20)            /* host copies: the unit of work of one thread */
 #define WG_PARALLEL_MIN (4u << 20)     /* below this many bytes, one thread is faster */

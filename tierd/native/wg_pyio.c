@@ -2,10 +2,10 @@
  * drop_page_cache): paths are converted with the filesystem encoding, every slice checked
  * against its buffer, then the slices run on pread/pwrite threads with the GIL released
  * (wg_fileio.c). Per-slice results come back as a list of ints: bytes or -errno. */
+#include "wg_py.h"
+
 #include <errno.h>
 #include <fcntl.h>
-
-#include "wg_py.h"
 
 typedef struct {
     PyObject **paths; /* bytes objects owned here */
