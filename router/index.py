@@ -28,8 +28,9 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from itertools import groupby, repeat
 
 from router.types import Tier
@@ -73,9 +74,19 @@ class _Batch:
 
     __slots__ = ("expiry", "hashes")
 
-    def __init__(self, expiry: float, hashes: list[int]) -> None:
+    def __init__(self, expiry: float, hashes: Iterable[int]) -> None:
         self.expiry = expiry
-        self.hashes = hashes
+        self.hashes = _compact_list(hashes)
+
+
+def _compact_list(hashes: Iterable[int]) -> MutableSequence[int]:
+    """Hashes as unboxed u64s when they fit (8 bytes each, invisible to the cyclic GC),
+    else a plain list."""
+    values = list(hashes)
+    try:
+        return array("Q", values)
+    except OverflowError:
+        return values
 
 
 class _Predictions:
@@ -195,10 +206,11 @@ class PrefixIndex:
         t = self._clock() if now is None else now
         preds = self._preds[iid]
         self._expire(iid, t)
-        batch = _Batch(t + self.ttl_s, list(hashes))
+        unique = dict.fromkeys(hashes)  # chain order, no repeats
+        batch = _Batch(t + self.ttl_s, unique)
         owner = preds.owner
         pbit = 1 << _PRED
-        for h in batch.hashes:
+        for h in unique:  # the caller's int objects become the keys (the batch keeps copies)
             owner[h] = batch
             self._set(iid, h, pbit)
         preds.batches.append(batch)
@@ -276,7 +288,7 @@ class PrefixIndex:
         kept: deque[_Batch] = deque()
         refs = 0
         for batch in preds.batches:
-            batch.hashes = [h for h in batch.hashes if owner.get(h) is batch]
+            batch.hashes = _compact_list(h for h in batch.hashes if owner.get(h) is batch)
             if batch.hashes:
                 kept.append(batch)
                 refs += len(batch.hashes)

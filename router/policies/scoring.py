@@ -26,10 +26,9 @@ def cached_tokens_by_tier(
 
 
 def candidate_score(request: RouteRequest, view: InstanceView) -> CandidateScore:
+    matched = view.matched_blocks
     return CandidateScore(
-        instance=view.id,
-        cached_tokens_by_tier=cached_tokens_by_tier(request, view.matched_blocks),
-        in_flight=view.in_flight,
+        view.id, cached_tokens_by_tier(request, matched) if matched else {}, view.in_flight
     )
 
 

@@ -177,3 +177,76 @@ def test_never_reports_more_than_inserted(
             want[best] = want.get(best, 0) + 1
         assert got[name] == want
     assert len(idx) == sum(len(h) for h in model.values())
+
+
+timed_op_st = st.tuples(
+    st.sampled_from(["event", "predict", "remove", "advance"]),
+    st.sampled_from(["a", "b"]),
+    st.lists(st.integers(0, 10), max_size=6),
+    st.integers(0, 7),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(timed_op_st, max_size=30), query=st.lists(st.integers(0, 10), max_size=10))
+def test_predictions_match_a_model_with_expiry(
+    ops: list[tuple[str, str, list[int], int]], query: list[int]
+) -> None:
+    """Unbounded capacity: a block matches iff an event stored it or its latest prediction
+    has not expired, and it was not removed since."""
+    clock = FakeClockless()
+    idx = PrefixIndex(ttl_s=5.0, clock=clock)
+    durable: dict[str, set[int]] = {"a": set(), "b": set()}
+    expiry: dict[str, dict[int, float]] = {"a": {}, "b": {}}
+    for op, inst, hashes, dt in ops:
+        if op == "event":
+            idx.insert(inst, hashes, Tier.L1)
+            durable[inst].update(hashes)
+        elif op == "predict":
+            idx.insert(inst, hashes, Tier.L1, predicted=True)
+            for h in hashes:
+                expiry[inst][h] = clock.t + 5.0
+        elif op == "remove":
+            idx.remove(inst, hashes, Tier.L1)
+            for h in hashes:
+                durable[inst].discard(h)
+                expiry[inst].pop(h, None)
+        else:
+            clock.t += dt
+    got = idx.match(query, ["a", "b"])
+    for inst in ("a", "b"):
+        run = 0
+        for h in query:
+            if h in durable[inst] or expiry[inst].get(h, 0.0) > clock.t:
+                run += 1
+            else:
+                break
+        assert got[inst] == ({Tier.L1: run} if run else {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chains=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=8), max_size=12),
+    capacity=st.integers(1, 10),
+    query=st.lists(st.integers(0, 40), max_size=8),
+)
+def test_capacity_bound_holds_and_never_overreports(
+    chains: list[list[int]], capacity: int, query: list[int]
+) -> None:
+    idx = PrefixIndex(capacity_blocks=capacity)
+    inserted: set[int] = set()
+    for chain in chains:
+        idx.insert("a", chain, predicted=True)
+        inserted.update(chain)
+        assert idx.predicted_held("a") <= capacity
+        assert idx.blocks_held("a") == idx.predicted_held("a") == len(idx)
+    run = idx.match(query, ["a"])["a"].get(Tier.L1, 0)
+    longest = 0
+    for h in query:
+        if h not in inserted:
+            break
+        longest += 1
+    assert run <= longest
+    if chains:  # the most recent chain always survives up to the capacity
+        last = list(dict.fromkeys(chains[-1]))
+        assert idx.match(last, ["a"])["a"].get(Tier.L1, 0) == min(len(last), capacity)
