@@ -74,7 +74,7 @@ async def test_sigkill_mid_demotion_loses_nothing_written(tmp_path: Path) -> Non
                     h += 4
 
             writers = [asyncio.create_task(writer(1000 + i)) for i in range(4)]
-            await enough.wait()
+            await asyncio.wait_for(enough.wait(), 60)
             demoted_before = (await client.stats())["demotions"]["l1_to_array"]
             proc.kill(signal.SIGKILL)  # writers are still putting: demotion is mid-flight
             stop.set()
