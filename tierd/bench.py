@@ -1,0 +1,144 @@
+"""`tierd bench --json OUT`: copy, file-read and checksum speed of the native module,
+measured in one run on the same data.
+
+Figures (GB/s = 1e9 bytes/s, best of `--repeat` runs):
+- ``host_copy_gbps``: one `copy_batch` of N slices (default 4,096 × 256 KiB) between two
+  host arenas (the memcpy thread pool); ``memcpy_baseline_gbps``: one thread, one plain
+  memcpy of the same bytes (`memcpy_single`).
+- ``file_read_gbps``: one `read_batch` of the N slice files from the array directory,
+  in parallel, O_DIRECT where the filesystem allows it (`probe_direct`);
+  ``file_read_baseline_gbps``: one thread reading the same files one after another with
+  plain `read` (readinto). The page cache is dropped (`drop_page_cache`) before each run
+  so both read from the device. ``parallel_read_speedup`` is their ratio.
+- ``checksum_gbps``: `crc32c_batch` over the same slices.
+The report names the backend that ran and its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import tierd.native as native
+
+
+def _best(repeat: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _fill(arena: native.HostArena, nbytes: int) -> None:
+    block = os.urandom(min(nbytes, 4 << 20))
+    view = memoryview(arena)
+    try:
+        for off in range(0, nbytes, len(block)):
+            n = min(len(block), nbytes - off)
+            view[off : off + n] = block[:n]
+    finally:
+        view.release()
+
+
+def run(slices: int, slice_bytes: int, directory: Path, repeat: int) -> dict[str, Any]:
+    total = slices * slice_bytes
+    offsets = [i * slice_bytes for i in range(slices)]
+    sizes = [slice_bytes] * slices
+    src = native.HostArena(total)
+    dst = native.HostArena(total)
+    try:
+        _fill(src, total)
+        copy_s = _best(repeat, lambda: native.copy_batch(dst, offsets, src, offsets, sizes))
+        memcpy_s = _best(repeat, lambda: native.memcpy_single(dst, 0, src, 0, total))
+        crc_s = _best(repeat, lambda: native.crc32c_batch(src, offsets, sizes))
+
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [str(directory / f"{i:06d}.slice") for i in range(slices)]
+        written = native.write_batch(paths, src, offsets, sizes, fsync=True)
+        if any(n != slice_bytes for n in written):
+            raise OSError(f"writing the bench files failed: {sorted(set(written))[:5]}")
+        direct, why = native.probe_direct(directory)
+
+        def parallel() -> None:
+            got = native.read_batch(paths, dst, offsets, sizes, direct=direct)
+            if any(n != slice_bytes for n in got):
+                raise OSError("short parallel read")
+
+        def sequential() -> None:
+            view = memoryview(dst)
+            try:
+                for p, off in zip(paths, offsets, strict=True):
+                    with open(p, "rb", buffering=0) as f:
+                        if f.readinto(view[off : off + slice_bytes]) != slice_bytes:
+                            raise OSError("short read")
+            finally:
+                view.release()
+
+        read_s = float("inf")
+        base_s = float("inf")
+        for _ in range(repeat):
+            native.drop_page_cache(paths)
+            read_s = min(read_s, _best(1, parallel))
+            native.drop_page_cache(paths)
+            base_s = min(base_s, _best(1, sequential))
+        intact = native.crc32c_batch(dst, offsets, sizes) == native.crc32c_batch(
+            src, offsets, sizes
+        )
+    finally:
+        src.close()
+        dst.close()
+    selected = next((k for k, v in native.backends().items() if v.get("selected")), "?")
+    return {
+        "slices": slices,
+        "slice_bytes": slice_bytes,
+        "total_bytes": total,
+        "repeat": repeat,
+        "host_copy_gbps": total / copy_s / 1e9,
+        "memcpy_baseline_gbps": total / memcpy_s / 1e9,
+        "copy_vs_memcpy": memcpy_s / copy_s,
+        "file_read_gbps": total / read_s / 1e9,
+        "file_read_baseline_gbps": total / base_s / 1e9,
+        "parallel_read_speedup": base_s / read_s,
+        "checksum_gbps": total / crc_s / 1e9,
+        "read_back_intact": intact,
+        "o_direct": direct,
+        "o_direct_reason": why,
+        "directory": str(directory),
+        "implementation": native.IMPLEMENTATION,
+        "backend": selected,
+        "backends": native.backends(),
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tierd bench", description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, help="write the report here (and print it)")
+    p.add_argument("--slices", type=int, default=4096)
+    p.add_argument("--slice-bytes", type=int, default=256 * 1024)
+    p.add_argument("--dir", type=Path, help="where the slice files go (a temp dir inside it)")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    parent = args.dir or Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="tierd-bench-", dir=parent))
+    try:
+        report = run(args.slices, args.slice_bytes, directory, max(1, args.repeat))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
