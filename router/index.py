@@ -10,7 +10,9 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
 - Event-driven insertions (vLLM / tierd KV events) set the tier bits and never expire.
 - Predict-on-route insertions set the P bit and are TTL'd and bounded per instance. Each
   call is one *batch* (one expiry, the hashes in chain order); a per-instance dict
-  `hash -> batch` says which batch owns a prediction, so re-predicting a chain refreshes it.
+  `hash -> batch number` says which batch owns a prediction, so re-predicting a chain
+  refreshes it (numbers, not objects: int-only dicts are invisible to the cyclic GC, so a
+  full collection never walks a million entries).
   Batches sit in a deque in insertion order, which (one TTL per index) is also expiry
   order: expiry pops whole batches from the front. Over capacity, the least recently
   predicted batch loses blocks from its tail first, so what remains stays a prefix (like a
@@ -72,9 +74,10 @@ _BEST: tuple[tuple[Tier | None, Tier | None], ...] = tuple(
 class _Batch:
     """One predict-on-route insertion: its expiry and its hashes in chain order."""
 
-    __slots__ = ("expiry", "hashes")
+    __slots__ = ("expiry", "hashes", "seq")
 
-    def __init__(self, expiry: float, hashes: Iterable[int]) -> None:
+    def __init__(self, seq: int, expiry: float, hashes: Iterable[int]) -> None:
+        self.seq = seq
         self.expiry = expiry
         self.hashes = _compact_list(hashes)
 
@@ -95,7 +98,7 @@ class _Predictions:
     __slots__ = ("batches", "owner", "refs")
 
     def __init__(self) -> None:
-        self.owner: dict[int, _Batch] = {}
+        self.owner: dict[int, int] = {}  # hash -> number of the batch that predicted it last
         self.batches: deque[_Batch] = deque()
         self.refs = 0  # total length of the batches' hash lists (live + stale)
 
@@ -124,6 +127,7 @@ class PrefixIndex:
         self._held: list[int] = []  # blocks held per instance id (any tier)
         self._preds: list[_Predictions] = []
         self._entries = 0
+        self._batch_seq = 0
         self._array_id = self._id(ARRAY)
 
     # -- instance ids -------------------------------------------------------------------
@@ -207,11 +211,12 @@ class PrefixIndex:
         preds = self._preds[iid]
         self._expire(iid, t)
         unique = dict.fromkeys(hashes)  # chain order, no repeats
-        batch = _Batch(t + self.ttl_s, unique)
+        self._batch_seq += 1
+        batch = _Batch(self._batch_seq, t + self.ttl_s, unique)
         owner = preds.owner
         pbit = 1 << _PRED
         for h in unique:  # the caller's int objects become the keys (the batch keeps copies)
-            owner[h] = batch
+            owner[h] = batch.seq
             self._set(iid, h, pbit)
         preds.batches.append(batch)
         preds.refs += len(batch.hashes)
@@ -257,7 +262,7 @@ class PrefixIndex:
 
     def _drop_prediction(self, iid: int, h: int, batch: _Batch) -> None:
         owner = self._preds[iid].owner
-        if owner.get(h) is batch:
+        if owner.get(h) == batch.seq:
             del owner[h]
             self._clear(iid, h, 1 << _PRED)
 
@@ -288,7 +293,7 @@ class PrefixIndex:
         kept: deque[_Batch] = deque()
         refs = 0
         for batch in preds.batches:
-            batch.hashes = _compact_list(h for h in batch.hashes if owner.get(h) is batch)
+            batch.hashes = _compact_list(h for h in batch.hashes if owner.get(h) == batch.seq)
             if batch.hashes:
                 kept.append(batch)
                 refs += len(batch.hashes)
