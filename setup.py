@@ -100,8 +100,10 @@ class BuildNative(build_ext):
         except Exception as exc:
             if _in_ci():
                 raise
-            _log(f"C extension {ext.name} failed to build ({exc}); tierd will use the "
-                 "pure-Python fallback")
+            _log(
+                f"C extension {ext.name} failed to build ({exc}); tierd will use the "
+                "pure-Python fallback"
+            )
             return
         self.gpu_libs = self._build_gpu(Path(self.get_ext_fullpath(ext.name)).parent)
 

@@ -189,7 +189,9 @@ def _crc_update(crc: int, data: memoryview) -> int:
     return crc
 
 
-def crc32c(buffer: Any, offset: int = 0, size: int = -1, *, value: int = 0) -> int:
+def crc32c(
+    buffer: Any, offset: int = 0, size: int = -1, *, value: int = 0, software: bool = False
+) -> int:
     view = _checks.as_bytes_view(buffer, "buffer", writable=False)
     if size == -1:
         if offset < 0:

@@ -107,10 +107,13 @@ def write_batch(
     `sizes[i]`. Per slice: bytes written or -errno. `fsync=True` fsyncs each file before
     returning. `direct=True`: O_DIRECT for the aligned part, buffered for an unaligned tail."""
 
-def crc32c(buffer: Buffer, offset: int = 0, size: int = -1, *, value: int = 0) -> int:
+def crc32c(
+    buffer: Buffer, offset: int = 0, size: int = -1, *, value: int = 0, software: bool = False
+) -> int:
     """CRC-32C (Castagnoli) of buffer[offset : offset+size] (size -1: to the end), continuing
     from `value` (the CRC of the bytes before). SSE4.2 instruction where the CPU has it, else
-    slicing-by-8 tables; both give identical results (crc32c(b"123456789") == 0xE3069283)."""
+    slicing-by-8 tables (`software=True` forces them); both give identical results
+    (crc32c(b"123456789") == 0xE3069283)."""
 
 def crc32c_batch(
     buffer: Buffer, offsets: Sequence[int], sizes: Sequence[int], *, threads: int = 0

@@ -28,7 +28,8 @@ int wg_mem_get(PyObject *obj, const char *name, int writable, int allow_device, 
         return 0;
     }
     if (PyObject_GetBuffer(obj, &m->view, PyBUF_C_CONTIGUOUS) != 0) {
-        if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
+            PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous buffer", name);
         }
@@ -77,12 +78,12 @@ int wg_sizes_from(PyObject *seq, const char *name, size_t **out, Py_ssize_t *n) 
         Py_DECREF(idx);
         if (v == -1 && PyErr_Occurred())
             goto fail;
-        if (overflow < 0 || v < 0) {
-            PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", name, i);
-            goto fail;
-        }
         if (overflow > 0) {
             PyErr_Format(PyExc_IndexError, "%s[%zd] is out of range", name, i);
+            goto fail;
+        }
+        if (overflow < 0 || v < 0) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", name, i);
             goto fail;
         }
         arr[i] = (size_t)v;
