@@ -121,8 +121,11 @@ def create_app(config: EngineConfig) -> FastAPI:
         prompt: Prompt = (
             ChatPrompt(parse_messages(body), parse_tools(body)) if chat else parse_prompt(body)
         )
+        if params.session is None:
+            params.session = request.headers.get("x-session-id")
         seq = await engine.prepare(params, prompt)
         shape = ResponseShape(chat=chat, model=params.model)
+        await engine.load_from_tiers(seq)
         engine.submit(seq)
         if params.stream:
             return StreamingResponse(

@@ -31,6 +31,8 @@ class EngineConfig:
     block_hash: str = "sha256_cbor"
     hash_seed: str | None = None  # vLLM's PYTHONHASHSEED; None: random per process
     tierd_url: str | None = None
+    tier_block_chars: int = 256  # the gateway's approximate block: 64 tokens x 4 chars
+    tier_payload_bytes_per_token: int = 64  # real bytes moved per token (scaled payload)
     kv_events_endpoint: str | None = None
     kv_events_topic: str = "kv-events"
     kv_events_encoding: str = "map"
@@ -62,7 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PYTHONHASHSEED"),
         help="seed of NONE_HASH (default: $PYTHONHASHSEED; unset: random, as in vLLM)",
     )
-    p.add_argument("--tierd-url", default=None)
+    p.add_argument("--tierd-url", default=None, help="keep slower KV tiers in this tierd")
+    p.add_argument(
+        "--tier-block-chars",
+        type=int,
+        default=256,
+        help="characters per tierd slice: the gateway's approximate block size",
+    )
+    p.add_argument(
+        "--tier-payload-bytes-per-token",
+        type=int,
+        default=64,
+        help="bytes actually stored per token (transfer time is charged for the real size)",
+    )
     p.add_argument("--kv-events-endpoint", default=None, help="e.g. tcp://127.0.0.1:5557")
     p.add_argument("--kv-events-topic", default="kv-events")
     p.add_argument("--kv-events-encoding", default="map", choices=ENCODINGS)
@@ -90,6 +104,8 @@ def parse_config(argv: Sequence[str] | None = None) -> EngineConfig:
         block_hash=a.block_hash,
         hash_seed=a.hash_seed,
         tierd_url=a.tierd_url,
+        tier_block_chars=a.tier_block_chars,
+        tier_payload_bytes_per_token=a.tier_payload_bytes_per_token,
         kv_events_endpoint=a.kv_events_endpoint,
         kv_events_topic=a.kv_events_topic,
         kv_events_encoding=a.kv_events_encoding,

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.blocks import render_chat as router_render_chat
+from router.blocks import render_prompt
 from sim.engine.block_hash import BlockHasher
 from sim.engine.config import EngineConfig
 from sim.engine.kv_events import KVEvent, KVEventPublisher
@@ -24,6 +26,7 @@ from sim.engine.prefix_cache import PrefixCache
 from sim.engine.scheduler import Scheduler
 from sim.engine.sequence import Sequence as Seq
 from sim.engine.textgen import TextGenerator
+from sim.engine.tiers import TierBackend, TierPlan
 from sim.profiles import get_profile
 from sim.tokenizer import Tokenizer
 
@@ -61,12 +64,26 @@ class Engine:
             publish=self._publish if self.publisher else None,
             max_batch_tokens=config.max_batch_tokens,
             max_num_seqs=config.max_num_seqs,
+            on_prefill_done=self._on_prefill_done,
         )
+        self.tiers: TierBackend | None = None
+        if config.tierd_url:
+            self.tiers = TierBackend(
+                config.tierd_url,
+                self.profile,
+                config.model,
+                time_scale=config.time_scale,
+                block_tokens=config.block_tokens,
+                block_chars=config.tier_block_chars,
+                payload_bytes_per_token=config.tier_payload_bytes_per_token,
+            )
         self.metrics = EngineMetrics(config.model, self.scheduler.gauges)
         self.scheduler.metrics = self.metrics
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.tiers is not None:
+            await self.tiers.start()
         self._task = asyncio.create_task(self.scheduler.run(), name="sim-engine-scheduler")
 
     async def stop(self) -> None:
@@ -74,6 +91,8 @@ class Engine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.tiers is not None:
+            await self.tiers.close()
         if self.publisher is not None:
             self.publisher.close()
 
@@ -103,18 +122,29 @@ class Engine:
     ) -> list[int]:
         return self.tokenizer.encode_chat(messages, tools, add_generation_prompt)
 
-    def _prepare_sync(self, prompt: Prompt, salt: str | None) -> tuple[list[int], list[bytes]]:
+    def _prepare_sync(
+        self, prompt: Prompt, params: GenerationParams
+    ) -> tuple[list[int], list[bytes], TierPlan | None]:
         if isinstance(prompt, ChatPrompt):
             ids = self.tokenizer.encode_chat(prompt.messages, prompt.tools)
         elif isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
-        return ids, self.hasher.chain(ids, cache_salt=salt)
+        hashes = self.hasher.chain(ids, cache_salt=params.cache_salt)
+        plan = None
+        if self.tiers is not None and ids:
+            if isinstance(prompt, ChatPrompt):
+                text = router_render_chat(prompt.messages, prompt.tools)
+            else:
+                text = render_prompt(prompt)
+            plan = self.tiers.plan(text, len(ids), params.cache_salt, params.session)
+        return ids, hashes, plan
 
     async def prepare(self, params: GenerationParams, prompt: Prompt) -> Seq:
         """Tokenise and hash the prompt (in a thread), check lengths, build the sequence."""
-        ids, hashes = await asyncio.to_thread(self._prepare_sync, prompt, params.cache_salt)
+        arrival = asyncio.get_running_loop().time()
+        ids, hashes, plan = await asyncio.to_thread(self._prepare_sync, prompt, params)
         if not ids:
             raise bad(
                 "the prompt is empty", "messages" if isinstance(prompt, ChatPrompt) else "prompt"
@@ -140,7 +170,27 @@ class Engine:
             generator=generator,
             output=OutputText(params.stop),
             ignore_eos=params.ignore_eos,
+            arrival=arrival,
+            tier_plan=plan,
         )
+
+    async def load_from_tiers(self, seq: Seq) -> None:
+        """Bring the KV this prompt reuses from tierd (past what HBM holds), charging its
+        transfer time; the tokens loaded then count as cached at admission."""
+        plan = seq.tier_plan
+        if self.tiers is None or plan is None:
+            return
+        bs = self.config.block_tokens
+        max_hit = (seq.prompt_len - 1) // bs
+        hbm_tokens = self.cache.longest_hit(seq.prompt_hashes[:max_hit]) * bs
+        await self.tiers.fetch(plan, hbm_tokens)
+        seq.preloaded_until = plan.loaded_until
+        for tier, n in plan.loaded_by_tier.items():
+            self.metrics.on_tier_load(tier, n)
+
+    def _on_prefill_done(self, seq: Seq) -> None:
+        if self.tiers is not None and seq.tier_plan is not None:
+            self.tiers.store_in_background(seq.tier_plan)
 
     def submit(self, seq: Seq) -> None:
         try:

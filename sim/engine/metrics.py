@@ -58,6 +58,24 @@ class EngineMetrics:
         self._prefix_hits = Counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", labels, registry=reg
         ).labels(model)
+        self._external_queries = Counter(
+            "vllm:external_prefix_cache_queries",
+            "External (KV connector) prefix cache queries, in tokens.",
+            labels,
+            registry=reg,
+        ).labels(model)
+        self._external_hits = Counter(
+            "vllm:external_prefix_cache_hits",
+            "External (KV connector) prefix cache hits, in tokens.",
+            labels,
+            registry=reg,
+        ).labels(model)
+        self._tier_loaded = Counter(
+            "warmgate_sim_tier_loaded_tokens",
+            "Prompt tokens loaded from a slower tier instead of computed, by tier.",
+            [*labels, "tier"],
+            registry=reg,
+        )
         self._prompt_tokens = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=reg
         ).labels(model)
@@ -86,10 +104,15 @@ class EngineMetrics:
         ).labels(model)
         reg.register(_GaugeCollector(model, read_gauges))
 
-    def on_admit(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def on_admit(self, prompt_tokens: int, cached_tokens: int, external_tokens: int = 0) -> None:
         self._prefix_queries.inc(prompt_tokens)
         self._prefix_hits.inc(cached_tokens)
         self._prompt_tokens.inc(prompt_tokens)
+        self._external_queries.inc(prompt_tokens - cached_tokens)
+        self._external_hits.inc(external_tokens)
+
+    def on_tier_load(self, tier: str, tokens: int) -> None:
+        self._tier_loaded.labels(self.model, tier).inc(tokens)
 
     def on_first_token(self, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)

@@ -57,6 +57,7 @@ class GenerationParams:
     ignore_eos: bool = False
     seed: int | None = None
     cache_salt: str | None = None
+    session: str | None = None  # prompt_cache_key, else user: whose KV this is
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -124,7 +125,9 @@ def parse_params(body: dict[str, Any], *, chat: bool) -> GenerationParams:
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise bad("'cache_salt' must be a string", "cache_salt")
+    session = body.get("prompt_cache_key") or body.get("user")
     return GenerationParams(
+        session=session if isinstance(session, str) else None,
         model=model,
         max_tokens=max_tokens,
         stop=stop,

@@ -11,8 +11,9 @@ How it works, one step at a time (an asyncio task; it sleeps, never blocks):
    after C computed ones, `prefill_seconds(U, C)` less the fixed overhead, plus the overhead
    once; plus `decode_step_seconds(batch, kv_tokens)` for the decoding sequences (less the
    weight-read base when the step also prefills: one forward pass reads the weights once);
-   plus, for a newly admitted sequence, the time to load KV it reuses from slower tiers.
-   The task sleeps that time multiplied by `time_scale`.
+   KV loaded from slower tiers was charged before the sequence was queued, outside the
+   batch, like vLLM's asynchronous KV connector loads. The task sleeps that time
+   multiplied by `time_scale`.
 3. Then the step's effects land: chunks advance, full blocks are committed to the prefix
    cache (KV events), sequences that finished prefill emit their first token, decoding ones
    their next; a finished sequence (end of text, `max_tokens`, stop string) releases its
@@ -35,13 +36,13 @@ from sim.engine.sequence import Sequence, StepOutput
 from sim.profiles import Profile
 
 Publish = Callable[[list[KVEvent]], Awaitable[None]]
+OnPrefillDone = Callable[[Sequence], None]
 
 
 @dataclass
 class StepPlan:
     decode: list[Sequence] = field(default_factory=list)
     chunks: list[tuple[Sequence, int]] = field(default_factory=list)
-    load_s: float = 0.0
 
     @property
     def empty(self) -> bool:
@@ -60,6 +61,7 @@ class Scheduler:
         publish: Publish | None = None,
         max_batch_tokens: int | None = None,
         max_num_seqs: int | None = None,
+        on_prefill_done: OnPrefillDone | None = None,
     ):
         self.profile = profile
         self.cache = cache
@@ -71,6 +73,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs or profile.max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.on_prefill_done = on_prefill_done
         self.sim_clock = 0.0  # simulated seconds spent in steps
         self.steps = 0
         self._wake = asyncio.Event()
@@ -86,7 +89,8 @@ class Scheduler:
                 f"request needs {seq.prompt_len + seq.target_output_tokens} tokens of KV; "
                 f"the cache holds {self.cache.num_blocks * self.cache.block_tokens}"
             )
-        seq.arrival = asyncio.get_running_loop().time()
+        if not seq.arrival:
+            seq.arrival = asyncio.get_running_loop().time()
         self.waiting.append(seq)
         self._wake.set()
 
@@ -146,7 +150,6 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
-            plan.load_s += seq.extra_load_s
             n = min(seq.prompt_len - seq.num_computed, budget)
             plan.chunks.append((seq, n))
             budget -= n
@@ -154,7 +157,7 @@ class Scheduler:
 
     def step_seconds(self, plan: StepPlan) -> float:
         p = self.profile
-        seconds = plan.load_s
+        seconds = 0.0
         if plan.chunks:
             seconds += p.prefill_overhead_s + sum(
                 p.prefill_seconds(n, seq.num_computed) - p.prefill_overhead_s
@@ -178,6 +181,8 @@ class Scheduler:
                 seq.first_token_sim_s = self.sim_clock - (seq.admitted_sim_s or 0.0)
                 if self.metrics is not None:
                     self.metrics.on_first_token(seq.first_token_at - seq.arrival)
+                if self.on_prefill_done is not None:
+                    self.on_prefill_done(seq)
                 self._emit_token(seq)
         for seq in plan.decode:
             if not seq.finished:
@@ -193,13 +198,16 @@ class Scheduler:
         if not self.cache.can_allocate(hits, private):
             return False
         seq.alloc = self.cache.allocate(hits, private)
-        seq.num_cached = hit * bs
-        seq.num_computed = hit * bs
         seq.committed_blocks = hit
         seq.last_hash = hits[-1] if hits else None
+        loaded = min(seq.preloaded_until // bs, max_hit_blocks)
+        seq.num_cached = max(hit, loaded) * bs
+        seq.num_external = seq.num_cached - hit * bs
+        seq.num_computed = seq.num_cached
+        self._commit_full_blocks(seq)  # blocks loaded from slower tiers are in HBM now
         seq.admitted_sim_s = self.sim_clock
         if self.metrics is not None:
-            self.metrics.on_admit(seq.prompt_len, seq.num_cached)
+            self.metrics.on_admit(seq.prompt_len, hit * bs, seq.num_external)
         return True
 
     def _commit_full_blocks(self, seq: Sequence) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sim.engine.output import OutputText
 from sim.engine.prefix_cache import Allocation
 from sim.engine.textgen import TextGenerator
+from sim.engine.tiers import TierPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +30,13 @@ class Sequence:
     output: OutputText
     ignore_eos: bool = False
     arrival: float = 0.0  # loop time
-    extra_load_s: float = 0.0  # simulated seconds to bring reused KV in from slower tiers
+    preloaded_until: int = 0  # prompt tokens [0, n) brought into HBM from slower tiers
+    tier_plan: TierPlan | None = None
     queue: asyncio.Queue[StepOutput] = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV exists
-    num_cached: int = 0  # prompt tokens found in the prefix cache at admission
+    num_cached: int = 0  # prompt tokens not computed: prefix cache hits plus tier loads
+    num_external: int = 0  # of which loaded from slower tiers
     alloc: Allocation | None = None
     committed_blocks: int = 0
     last_hash: bytes | None = None
