@@ -84,8 +84,10 @@ def create_app(settings: TierdSettings) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        ready = daemon_of(request).store.ready
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        d = daemon_of(request)
+        ready = d.store.ready
+        body = {"ready": ready, "error": d.open_error}
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -4,6 +4,7 @@ event publisher, built and torn down together; the HTTP API talks only to this."
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from tierd import events as ev
@@ -15,6 +16,8 @@ from tierd.snapshotter import Snapshotter
 from tierd.store import TieredStore
 
 MEDIUMS = (ev.GPU, ev.ARRAY, ev.SNAPSHOT)
+
+log = logging.getLogger("tierd")
 
 
 class Daemon:
@@ -35,12 +38,31 @@ class Daemon:
         self.prefetcher = Prefetcher(self.store, self.loader)
         self.snapshotter = Snapshotter(self.store)
         self._background: set[asyncio.Task[Any]] = set()
+        self.opening: asyncio.Task[None] | None = None
+        self.open_error: str | None = None
 
     async def start(self) -> None:
+        """Start publishing (first event: this instance's L1 is empty) and rebuild the
+        indexes in the background, so a large array does not hold up /livez."""
         await self.events.start()
-        await self.store.open()
+        self.events.all_cleared()
+        self.opening = asyncio.create_task(self.store.open(), name="tierd-open")
+        self.opening.add_done_callback(self._opened)
+
+    def _opened(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.open_error = repr(task.exception())
+            log.error("rebuilding the tier indexes failed: %s", self.open_error)
+
+    async def wait_ready(self) -> None:
+        """Until the indexes are rebuilt (raises what rebuilding raised)."""
+        if self.opening is not None:
+            await asyncio.shield(self.opening)
 
     async def close(self) -> None:
+        if self.opening is not None and not self.opening.done():
+            self.opening.cancel()
+            await asyncio.gather(self.opening, return_exceptions=True)
         for t in list(self._background):
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -84,5 +106,6 @@ class Daemon:
     def stats(self) -> dict[str, Any]:
         out = self.store.stats()
         out["instance_id"] = self.settings.instance_id
+        out["open_error"] = self.open_error
         out["in_flight_transfers"] = self.loader.in_flight
         return out

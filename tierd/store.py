@@ -78,11 +78,13 @@ class TieredStore:
     # -- life cycle ----------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Rebuild the array and snapshot indexes from disk; announce what survived."""
+        """Rebuild the array and snapshot indexes from disk; announce what survived.
+
+        Slices are served meanwhile (a get or lookup of a hash not indexed yet looks at the
+        directory itself); `ready` turns true when the indexes are complete."""
         grace = self.settings.temp_grace_s
         found, bad, _ = await asyncio.to_thread(self.array.scan, grace)
         snaps, _ = await asyncio.to_thread(self.snapshots_dir.scan, grace)
-        self.events.all_cleared()
         for h, meta in found.items():
             self._array_add(h, meta)
         self.counters.recovered["array"] += len(found)

@@ -39,6 +39,7 @@ def data_of(h: int, n: int = 1000) -> bytes:
 async def running(settings: TierdSettings) -> AsyncIterator[Daemon]:
     d = Daemon(settings)
     await d.start()
+    await d.wait_ready()
     try:
         yield d
     finally:
