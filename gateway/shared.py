@@ -11,12 +11,15 @@ Background tasks, all of them tolerant of the store going away:
 - snapshot: every `snapshot_interval_s`, whoever holds the `snapshot` lock writes the
   residency encoding and the stream ID it covers.
 
-Session bindings (`bind()`, called once per routed request): with the Redis backend, a
-player's session key is bound to an instance set-if-absent, so whichever replica routes a
-turn, the player lands where their KV is. One timeout-bounded Redis call on a local-cache
-miss, none on a hit or while Redis is down. The binding yields when its instance is not a
-candidate (unhealthy) or clearly overloaded; then it moves, compare-and-set. A single
-replica (memory backend) leaves routing to its policy, which sees everything already.
+Session bindings: with the Redis backend, a player's session key is bound to an instance
+set-if-absent, so whichever replica routes a turn, the player lands where their KV is.
+`lookup()` runs before routing (local cache, else one timeout-bounded GET; nothing while
+Redis is down); `bind()` runs after routing and is synchronous, so no other request can
+slip in between a decision and its dispatch (awaiting there made concurrent first turns
+herd onto one instance); new bindings and moves are written in the background. A binding
+yields when its instance is not a candidate (unhealthy) or clearly overloaded; then it
+moves, compare-and-set. A single replica (memory backend) leaves routing to its policy,
+which sees everything already; so do the session-blind baselines (round_robin, least_load).
 
 If Redis goes away, routing goes on from local state; `warmgate_state_redis_up` drops to 0,
 `/readyz` shows it (not required: serving continues), loops back off and retry; when Redis
@@ -35,7 +38,7 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -131,6 +134,8 @@ class SharedRuntime:
         self.remote_replicas: list[str] = []
         self._snapshot_cursor: str | None = None
         self._cache: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._pending: set[asyncio.Task[None]] = set()
+        self.max_pending = 1000
         metrics.redis_up.set(1)
 
     # -- health of the store -------------------------------------------------------------
@@ -314,57 +319,98 @@ class SharedRuntime:
         mean = sum(loads) / len(loads)
         return self.router.load.view(instance)[0] > self.overload_factor * mean + 4
 
-    async def bind(
-        self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]
-    ) -> Decision:
-        """The decision to act on, given the player's binding (see the module docstring)."""
-        key = rr.session_key
+    def _affine(self, rr: RouteRequest) -> str | None:
+        """The session key when bindings apply to this request (see the module docstring)."""
         if (
-            not key
+            not rr.session_key
             or self.store.backend == "memory"
-            or decision.policy in NON_AFFINE_POLICIES
-            or len(candidates) < 2
+            or self.router.policy.name in NON_AFFINE_POLICIES
         ):
-            return decision
+            return None
+        return rr.session_key
+
+    async def lookup(self, rr: RouteRequest) -> str | None:
+        """Before routing: the player's bound instance, from the local cache or one
+        timeout-bounded call (which refreshes the binding's TTL). None when unbound or when
+        the store is down."""
+        key = self._affine(rr)
+        if key is None:
+            return None
         bound = self._cached(key)
-        ttl = self.settings.session_ttl_s
-        if bound is None:
-            if not self.up:
-                self.metrics.bindings.labels("unavailable").inc()
-                return decision
-            try:
-                bound = await self._call(
-                    "bind_session",
-                    lambda: self.store.bind_session(key, decision.instance, ttl),
-                    self.call_timeout_s,
-                )
-            except StateUnavailableError:
-                self.metrics.bindings.labels("unavailable").inc()
-                return decision
-        if bound == decision.instance:
-            self._remember(key, bound)
-            self.metrics.bindings.labels("kept").inc()
-            return decision
-        if bound in candidates and not self._overloaded(bound, candidates):
-            self._remember(key, bound)
-            self.metrics.bindings.labels("redirected").inc()
-            return _redirect(decision, bound)
-        # The bound instance is gone or overloaded: move the player, compare-and-set.
+        if bound is not None or not self.up:
+            return bound
         try:
-            moved = await self._call(
-                "rebind_session",
-                lambda: self.store.rebind_session(key, bound, decision.instance, ttl),
+            bound = await self._call(
+                "get_session",
+                lambda: self.store.get_session(key, self.settings.session_ttl_s),
                 self.call_timeout_s,
             )
         except StateUnavailableError:
-            moved = decision.instance
-        self._remember(key, moved)
+            self.metrics.bindings.labels("unavailable").inc()
+            return None
+        if bound is not None:
+            self._remember(key, bound)
+        return bound
+
+    def bind(self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]) -> Decision:
+        """After routing, synchronously (nothing may run between a decision and its
+        dispatch): follow the binding `lookup()` found, or record a new one in the
+        background (set-if-absent: if another replica bound the player first, its choice is
+        adopted from the next turn on)."""
+        key = self._affine(rr)
+        if key is None or len(candidates) < 2:
+            return decision
+        bound = self._cached(key)
+        if bound is None:
+            self._remember(key, decision.instance)  # provisional until the store answers
+            self._background(self._bind_new(key, decision.instance))
+            self.metrics.bindings.labels("bound").inc()
+            return decision
+        if bound == decision.instance:
+            self.metrics.bindings.labels("kept").inc()
+            return decision
+        if bound in candidates and not self._overloaded(bound, candidates):
+            self.metrics.bindings.labels("redirected").inc()
+            return _redirect(decision, bound)
+        # The bound instance is unhealthy or overloaded: move the player, compare-and-set.
+        self._remember(key, decision.instance)
+        self._background(self._move(key, bound, decision.instance))
         self.metrics.bindings.labels("moved").inc()
-        return (
-            decision
-            if moved == decision.instance or moved not in candidates
-            else _redirect(decision, moved)
-        )
+        return decision
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        if len(self._pending) >= self.max_pending or not self.up:
+            coro.close()  # the store is slow or down: the binding waits for a later turn
+            return
+        task = asyncio.create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _bind_new(self, key: str, instance: str) -> None:
+        ttl = self.settings.session_ttl_s
+        with contextlib.suppress(StateUnavailableError):
+            winner = await self._call(
+                "bind_session",
+                lambda: self.store.bind_session(key, instance, ttl),
+                self.call_timeout_s,
+            )
+            self._remember(key, winner)
+
+    async def _move(self, key: str, old: str, new: str) -> None:
+        ttl = self.settings.session_ttl_s
+        with contextlib.suppress(StateUnavailableError):
+            moved = await self._call(
+                "rebind_session",
+                lambda: self.store.rebind_session(key, old, new, ttl),
+                self.call_timeout_s,
+            )
+            self._remember(key, moved)
+
+    async def close(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.store.close()
 
 
 def _redirect(decision: Decision, instance: str) -> Decision:
@@ -406,7 +452,7 @@ async def attach(state: AppState) -> None:
         pass  # the loops retry; routing goes on from local state meanwhile
     state.extensions["shared"] = runtime
     state.readiness["shared_state"] = runtime.readiness
-    state.closers.append(store.close)
+    state.closers.append(runtime.close)
     state.spawn(runtime.run_inflight_sync(), "shared-inflight")
     state.spawn(runtime.run_stream(), "shared-stream")
     state.spawn(runtime.run_snapshots(), "shared-snapshots")

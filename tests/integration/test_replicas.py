@@ -1,0 +1,194 @@
+"""Two gateway replicas (real processes) sharing one real Redis, in front of real simulated
+engines: a player's turns land on the same instance whichever replica they hit, and each
+replica sees the other's in-flight load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.procs import ManagedProcess, free_port, python_module
+
+MODEL = "sim-qwen2.5-32b"
+
+
+@dataclass
+class Fleet:
+    engines: dict[str, str]  # id -> base URL
+    gateways: dict[str, str]  # replica id -> base URL
+    procs: dict[str, ManagedProcess]
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {n}\n{p.tail(15)}" for n, p in self.procs.items())
+
+
+def start_fleet(
+    workdir: Path, redis_url: str, *, engines: int, replicas: int, time_scale: float
+) -> Fleet:
+    """Engines and gateway replicas on loopback; the caller stops them (`stop_fleet`)."""
+    procs: dict[str, ManagedProcess] = {}
+    engine_urls: dict[str, str] = {}
+    try:
+        for n in range(engines):
+            port = free_port()
+            eid = f"e{n}"
+            procs[eid] = ManagedProcess(
+                python_module(
+                    "sim.engine",
+                    *("--host", "127.0.0.1", "--port", str(port), "--instance-id", eid),
+                    *("--time-scale", str(time_scale), "--seed", str(n)),
+                ),
+                workdir / f"{eid}.log",
+            )
+            engine_urls[eid] = f"http://127.0.0.1:{port}"
+        instances = [{"id": i, "url": u} for i, u in engine_urls.items()]
+        pool = f"replicas-{uuid.uuid4().hex[:10]}"
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
+        gateway_urls: dict[str, str] = {}
+        for n in range(replicas):
+            port = free_port()
+            rid = f"gw-{chr(ord('a') + n)}"
+            env = {
+                **base_env,
+                "WARMGATE_INSTANCES": json.dumps(instances),
+                "WARMGATE_STATE__BACKEND": os.environ.get("TEST_STATE_BACKEND", "redis"),
+                "WARMGATE_STATE__REDIS_URL": redis_url,
+                "WARMGATE_STATE__POOL": pool,
+                "WARMGATE_STATE__REPLICA_ID": rid,
+                "WARMGATE_STATE__INFLIGHT_TTL_S": "3",
+                "WARMGATE_TIERS__PREFETCH": "false",
+                "WARMGATE_HEALTH__INTERVAL_S": "0.5",
+                # The original sgl-router fallback: an unmatched request goes to the instance
+                # whose tree is smallest, which differs between replicas (each has routed
+                # different requests), so only the shared binding keeps a player in place.
+                "WARMGATE_ROUTING__PARAMS": json.dumps({"fallback": "smallest_tree"}),
+            }
+            procs[rid] = ManagedProcess(
+                python_module(
+                    "uvicorn",
+                    "gateway.app:create_app",
+                    "--factory",
+                    *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+                ),
+                workdir / f"{rid}.log",
+                env=env,
+            )
+            gateway_urls[rid] = f"http://127.0.0.1:{port}"
+        for eid, url in engine_urls.items():
+            procs[eid].wait_http(f"{url}/health", timeout_s=60)
+        for rid, url in gateway_urls.items():
+            procs[rid].wait_http(f"{url}/readyz", timeout_s=60)
+        return Fleet(engine_urls, gateway_urls, procs)
+    except BaseException:
+        for p in procs.values():
+            p.stop()
+        raise
+
+
+def stop_fleet(fleet: Fleet) -> None:
+    for p in fleet.procs.values():
+        p.stop()
+
+
+def chat(player: str, turns: int) -> dict[str, Any]:
+    """A player's request after `turns` earlier exchanges (the prompt grows each turn). Its
+    prompt is mostly the player's own, so a replica that has not routed this player before
+    has no cached prefix to follow: only the shared binding keeps the player in place."""
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": "You are the blacksmith."},
+        {"role": "user", "content": f"I am {player}. " * 60},
+    ]
+    for t in range(turns):
+        messages.append({"role": "assistant", "content": f"Reply {t} to {player}. " * 10})
+        messages.append({"role": "user", "content": f"Turn {t + 1} of {player}. " * 10})
+    return {"model": MODEL, "messages": messages, "max_tokens": 4, "user": player}
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url: str) -> Iterator[Fleet]:
+    with tempfile.TemporaryDirectory(prefix="replicas-") as d:
+        f = start_fleet(Path(d), redis_url, engines=3, replicas=2, time_scale=0.05)
+        try:
+            yield f
+        finally:
+            stop_fleet(f)
+
+
+async def test_a_players_turns_land_on_one_instance_whichever_replica(fleet: Fleet) -> None:
+    replicas = list(fleet.gateways.values())
+    players = [f"player-{uuid.uuid4().hex[:6]}-{n}" for n in range(8)]
+    served: dict[str, list[str]] = {p: [] for p in players}
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def play(n: int, player: str) -> None:
+            for turn in range(4):
+                base = replicas[(n + turn) % 2]  # alternate replicas turn by turn
+                r = await client.post(f"{base}/v1/chat/completions", json=chat(player, turn))
+                assert r.status_code == 200, r.text
+                assert r.headers["x-warmgate-instance"] == r.headers["x-engine-instance"]
+                served[player].append(r.headers["x-engine-instance"])
+
+        await asyncio.gather(*(play(n, p) for n, p in enumerate(players)))
+    for player, instances in served.items():
+        assert len(set(instances)) == 1, f"{player} moved: {instances}\n{fleet.tails()}"
+    # The players spread over the instances rather than all landing on one.
+    assert len({i[0] for i in served.values()}) >= 2, f"{served}\n{fleet.tails()}"
+
+
+async def test_each_replica_sees_the_others_in_flight_load(fleet: Fleet) -> None:
+    (a_url, b_url) = fleet.gateways.values()
+    long = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell the whole saga. " * 20}],
+        "max_tokens": 5000,
+        "ignore_eos": True,  # vLLM sampling extension: run to max_tokens (about 4 s here)
+        "stream": True,
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def view(base: str) -> dict[str, dict[str, Any]]:
+            r = await client.get(f"{base}/admin/instances")
+            return {i["id"]: i for i in r.json()["instances"]}
+
+        async def totals(base: str) -> tuple[int, int]:
+            v = await view(base)
+            return sum(i["in_flight"] for i in v.values()), sum(
+                i["local_in_flight"] for i in v.values()
+            )
+
+        streams = []
+        lines = []  # keep each line iterator alive: a collected one closes its response
+        try:
+            for _ in range(3):  # three long streams held open through replica A
+                req = client.build_request("POST", f"{a_url}/v1/chat/completions", json=long)
+                resp = await client.send(req, stream=True)
+                assert resp.status_code == 200
+                streams.append(resp)
+                lines.append(resp.aiter_lines())
+                await lines[-1].__anext__()  # the first chunk: it is in flight
+            assert await totals(a_url) == (3, 3)
+            for _ in range(300):  # B learns A's load through Redis within a few sync ticks
+                if await totals(b_url) == (3, 0):
+                    break
+                await asyncio.sleep(0.05)
+            assert await totals(b_url) == (3, 0), fleet.tails()
+            ready = (await client.get(f"{b_url}/readyz")).json()["checks"]["shared_state"]
+            assert ready["ok"] and ready["remote_replicas"] == ["gw-a"]
+        finally:
+            for resp in streams:
+                await resp.aclose()  # the client leaves: the gateway cancels upstream
+        for _ in range(300):
+            if await totals(b_url) == (0, 0) and await totals(a_url) == (0, 0):
+                break
+            await asyncio.sleep(0.05)
+        assert await totals(b_url) == (0, 0)
