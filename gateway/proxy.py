@@ -141,13 +141,15 @@ async def proxy_completion(
     if not candidates:
         raise no_healthy_instance(parsed.model, retry_after)
     rr = route_request(parsed, state.settings.routing)
+    shared = state.extensions.get("shared")  # gateway/shared.py: cross-replica session binding
+    if shared is not None:
+        await shared.lookup(rr)
     try:
         decision = state.router.route(rr, candidates)
     except NoCandidateError:
         raise no_healthy_instance(parsed.model, retry_after) from None
-    shared = state.extensions.get("shared")  # gateway/shared.py: cross-replica session binding
     if shared is not None:
-        decision = await shared.bind(rr, decision, candidates)
+        decision = shared.bind(rr, decision, candidates)
     state.metrics.decisions.labels(decision.instance, decision.policy).inc()
     ex = Exchange(state, parsed, rr, decision, started, request_id)
     state.prefetcher.hint(
