@@ -259,7 +259,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=32768)
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--policy", default="prefix")
-    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--iterations", type=int, default=5000)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--prompts", type=int, default=32, help="distinct prompts routed in turn")
     p.add_argument("--zones", type=int, default=4, help="distinct world-state prefixes")

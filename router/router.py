@@ -137,8 +137,9 @@ class Router:
         totals.completed += 1
         if not ok:
             totals.failed += 1
-        totals.prompt_tokens += request.prompt_tokens
-        totals.predicted_cached_tokens += predicted
+        if ok:  # a failed attempt cached nothing: keep it out of the hit accounting
+            totals.prompt_tokens += request.prompt_tokens
+            totals.predicted_cached_tokens += predicted
         if reported_cached_tokens is not None:
             totals.reports += 1
             totals.reported_cached_tokens += reported_cached_tokens

@@ -40,6 +40,7 @@ def test_registry_names_and_unknown() -> None:
     reg = default_registry()
     assert reg.names() == ["least_load", "prefix", "round_robin", "session", "ttft"]
     assert reg.create("prefix", cache_threshold=0.5).name == "prefix"
+    assert reg.create("ttft").name == "ttft"  # imported lazily by its factory
     with pytest.raises(ValueError, match="unknown policy"):
         reg.create("nope")
 

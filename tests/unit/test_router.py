@@ -138,6 +138,8 @@ def test_complete_feeds_policy_and_accounting() -> None:
     router.on_complete(r, d, "b", ttft_s=None, reported_cached_tokens=None, ok=False)
     assert router.load.view("b") == (0, 0)
     assert router.stats()["failed"] == 1
+    assert router.stats()["predicted_cached_tokens"] == 48  # a failed attempt predicts nothing
+    assert router.stats()["completed"] == 2
     where = router.where("player-1")
     assert where["last_instance"] == "b"
     assert where["last_reason"] == "failover"
