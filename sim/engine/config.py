@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.engine.block_hash import HASH_FUNCTIONS
+from sim.engine.block_hash import HASH_ALGORITHMS
 from sim.engine.kv_events import ENCODINGS
 from sim.profiles import DEFAULT_PROFILE, PROFILES
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=131_072)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
-    p.add_argument("--block-hash", default="sha256_cbor", choices=sorted(HASH_FUNCTIONS))
+    p.add_argument("--block-hash", default="sha256_cbor", choices=sorted(HASH_ALGORITHMS))
     p.add_argument(
         "--hash-seed",
         default=os.environ.get("PYTHONHASHSEED"),

@@ -18,7 +18,7 @@ from router.blocks import render_chat as router_render_chat
 from router.blocks import render_prompt
 from sim.engine.block_hash import BlockHasher
 from sim.engine.config import EngineConfig
-from sim.engine.kv_events import KVEvent, KVEventPublisher
+from sim.engine.kv_events import EnginePublisher, KVEvent
 from sim.engine.metrics import EngineMetrics
 from sim.engine.openai_api import APIError, GenerationParams, bad, new_id
 from sim.engine.output import OutputText
@@ -51,9 +51,9 @@ class Engine:
         self.hasher = BlockHasher(config.block_tokens, config.block_hash, config.hash_seed)
         self.cache = PrefixCache(capacity, config.block_tokens)
         self.max_model_len = min(config.max_model_len, self.cache.num_blocks * config.block_tokens)
-        self.publisher: KVEventPublisher | None = None
+        self.publisher: EnginePublisher | None = None
         if config.kv_events_endpoint:
-            self.publisher = KVEventPublisher(
+            self.publisher = EnginePublisher(
                 config.kv_events_endpoint, config.kv_events_topic, config.kv_events_encoding
             )
         self.scheduler = Scheduler(

@@ -19,12 +19,15 @@ def test_sha256_cbor_matches_reference_values() -> None:
     assert event_int(h1) == 1814341696565857452
 
 
-def test_chain_can_be_continued_from_a_parent() -> None:
+def test_chain_can_be_extended_one_block_at_a_time() -> None:
     hasher = BlockHasher(4, "xxhash_cbor", seed="7")
     tokens = list(range(40))
     full = hasher.chain(tokens)
-    assert len(full) == 10
-    assert hasher.chain(tokens, parent=full[4], start_block=5) == full[5:]
+    assert len(full) == 10 and len(full[0]) == 16  # xxh3-128 digests
+    assert hasher.block(None, tokens[:4]) == full[0]
+    assert hasher.block(full[4], tokens[20:24]) == full[5]
+    with pytest.raises(ValueError):
+        hasher.block(full[0], tokens[:3])
 
 
 def test_cache_salt_changes_every_block_and_seed_matters() -> None:
