@@ -31,6 +31,7 @@ class StoreCounters:
     write_failures: int = 0
     prefetch_requests: int = 0
     snapshots_written: int = 0
+    idle_snapshots: int = 0
 
 
 class RateMeter:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tierd import events as ev
@@ -13,6 +15,7 @@ from tierd.loader import Loader
 from tierd.prefetch import Prefetcher
 from tierd.settings import TierdSettings
 from tierd.snapshotter import Snapshotter
+from tierd.stats import store_stats
 from tierd.store import TieredStore
 
 MEDIUMS = (ev.GPU, ev.ARRAY, ev.SNAPSHOT)
@@ -23,7 +26,9 @@ log = logging.getLogger("tierd")
 class Daemon:
     """Everything one tierd owns."""
 
-    def __init__(self, settings: TierdSettings) -> None:
+    def __init__(
+        self, settings: TierdSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.settings = settings
         self.events = EventPublisher(
             settings.instance_id,
@@ -33,13 +38,14 @@ class Daemon:
             pool=settings.pool,
             maxlen=settings.stream_maxlen,
         )
-        self.store = TieredStore(settings, self.events)
+        self.store = TieredStore(settings, self.events, clock)
         self.loader = Loader(self.store)
         self.prefetcher = Prefetcher(self.store, self.loader)
         self.snapshotter = Snapshotter(self.store)
         self._background: set[asyncio.Task[Any]] = set()
         self.opening: asyncio.Task[None] | None = None
         self.open_error: str | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start publishing (first event: this instance's L1 is empty) and rebuild the
@@ -48,6 +54,14 @@ class Daemon:
         self.events.all_cleared()
         self.opening = asyncio.create_task(self.store.open(), name="tierd-open")
         self.opening.add_done_callback(self._opened)
+        self._sweeper = asyncio.create_task(self._sweep(), name="tierd-sweep")
+
+    async def _sweep(self) -> None:
+        """End idle dialogues' protection (and snapshot them) even when nothing is put."""
+        interval = min(5.0, self.settings.session_ttl_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.store.expire_sessions()
 
     def _opened(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -60,6 +74,9 @@ class Daemon:
             await asyncio.shield(self.opening)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.opening is not None and not self.opening.done():
             self.opening.cancel()
             await asyncio.gather(self.opening, return_exceptions=True)
@@ -104,7 +121,7 @@ class Daemon:
         raise ValueError(f"unknown tier {tier!r}; one of {MEDIUMS}")
 
     def stats(self) -> dict[str, Any]:
-        out = self.store.stats()
+        out = store_stats(self.store)
         out["instance_id"] = self.settings.instance_id
         out["open_error"] = self.open_error
         out["in_flight_transfers"] = self.loader.in_flight

@@ -186,6 +186,7 @@ class Loader:
             gone = st.forget_snapshot(sid)
             st.counters.corrupt["snapshot"] += len(gone)
             return {}
+        st.touch_snapshot(sid)
         charged = sum(st.emulator.charged_bytes(m.length, m.tokens) for m, _ in items)
         await st.emulator.snapshot.transfer(charged)
         st.meters["snapshot"].record(charged, time.monotonic() - t0)

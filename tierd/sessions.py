@@ -21,7 +21,7 @@ class _Session:
     __slots__ = ("last_active", "turns")
 
     def __init__(self, now: float) -> None:
-        self.turns: deque[set[int]] = deque([set()], maxlen=TURNS_PROTECTED)
+        self.turns: deque[dict[int, None]] = deque([{}], maxlen=TURNS_PROTECTED)
         self.last_active = now
 
 
@@ -49,8 +49,8 @@ class SessionTracker:
         s = self._get(session)
         if len(s.turns) == TURNS_PROTECTED:
             later: set[int] = set().union(*list(s.turns)[1:])
-            self._release(s.turns[0] - later)
-        s.turns.append(set())
+            self._release(set(s.turns[0]) - later)
+        s.turns.append({})
 
     def add(self, session: str, hashes: list[int]) -> None:
         s = self._get(session)
@@ -58,15 +58,18 @@ class SessionTracker:
         for h in hashes:
             if not any(h in t for t in s.turns):
                 self._refs[h] = self._refs.get(h, 0) + 1
-            turn.add(h)
+            turn[h] = None
 
-    def expire(self) -> None:
+    def expire(self) -> list[tuple[str, list[int]]]:
+        """Drop sessions idle longer than the TTL; return each one's slices (turn order)."""
         cutoff = self._clock() - self.ttl_s
+        gone: list[tuple[str, list[int]]] = []
         while self._sessions:
             key, s = next(iter(self._sessions.items()))
             if s.last_active >= cutoff:
                 break
-            self._drop(key)
+            gone.append((key, self._drop(key)))
+        return gone
 
     def shed_oldest(self) -> bool:
         """Drop the least recently active session's protection; False if none is left."""
@@ -88,12 +91,13 @@ class SessionTracker:
             s.last_active = now
         return s
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str) -> list[int]:
         s = self._sessions.pop(key)
-        seen: set[int] = set()
+        seen: dict[int, None] = {}
         for turn in s.turns:
-            seen |= turn
-        self._release(seen)
+            seen.update(turn)
+        self._release(set(seen))
+        return list(seen)
 
     def _release(self, hashes: set[int]) -> None:
         for h in hashes:

@@ -26,12 +26,14 @@ class TierdSettings(BaseSettings):
     fsync: bool = False
     # L3: cold snapshots.
     snapshot_dir: Path = Path("./tierd-snapshots")
+    snapshot_bytes: int = Field(default=0, ge=0)  # 0 = no capacity bound
     zstd_level: int = 3
+    snapshot_idle_sessions: bool = True  # a dialogue idle past session_ttl_s → one object
     # Policies.
     lru_k: int = Field(default=2, ge=1)
     history_entries: int = Field(default=1_000_000, gt=0)
     protect_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
-    session_ttl_s: float = Field(default=600.0, gt=0)
+    session_ttl_s: float = Field(default=120.0, gt=0)
     max_sessions: int = Field(default=100_000, gt=0)
     temp_grace_s: float = Field(default=60.0, ge=0)
     # Emulated transfer time (see tierd.emulation); None = charge nothing, move bytes only.

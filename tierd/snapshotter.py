@@ -1,9 +1,13 @@
-"""L3 writes: a chain as one snapshot object, and trimming the array into snapshots.
+"""L3 writes: a chain as one snapshot object, idle dialogues, trimming the array and L3.
 
 `snapshot(hashes)` gathers the chain's slices from L1 (pinned copies) or the array
 (verified reads), in chain order, and writes them as one zstd object plus manifest
 (`tierd.tiers.l3_snapshots`), so a returning player's whole dialogue comes back with one
-sequential read. It runs in the background (`schedule`) or awaited.
+sequential read. It runs in the background (`schedule`) or awaited. A dialogue whose
+session has been idle longer than `session_ttl_s` (the player is thinking or gone) is
+snapshotted the same way when its protection ends (`snapshot_idle_sessions`). When the
+snapshots outgrow `snapshot_bytes` (> 0), whole objects are deleted in LRU-K order (loads
+and writes count as touches), never the one just written.
 
 When the array has a capacity of its own (`array_bytes` > 0; leave it 0 on a directory
 shared by several tierds) and grows past it, `trim` evicts array slices in LRU-K order.
@@ -38,6 +42,8 @@ class Snapshotter:
         self._trim: asyncio.Task[None] | None = None
         self._trim_again = False
         store.on_array_grew = self.request_trim
+        if store.settings.snapshot_idle_sessions:
+            store.on_session_idle = self.snapshot_idle
 
     async def close(self) -> None:
         for t in [*self._tasks, *([self._trim] if self._trim else [])]:
@@ -45,6 +51,11 @@ class Snapshotter:
         for t in [*self._tasks, *([self._trim] if self._trim else [])]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+
+    async def drain(self) -> None:
+        """Wait for the snapshots scheduled so far."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def gather(self, hashes: list[int]) -> list[tuple[SliceMeta, bytes]]:
         """The chain's slices that L1 or the array can give, verified, in chain order."""
@@ -80,6 +91,7 @@ class Snapshotter:
             st.add_snapshot(snap)
             st.counters.snapshots_written += 1
             st.counters.bytes_moved["to_snapshot"] += snap.raw_bytes
+            await self.trim_snapshots()
         return {
             "id": sid,
             "slices": len(items),
@@ -95,6 +107,23 @@ class Snapshotter:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return snapshot_id(hashes)
+
+    def snapshot_idle(self, hashes: list[int]) -> None:
+        """A dialogue went idle: keep its last turns as one cold object."""
+        if hashes and self.schedule(hashes) is not None:
+            self.store.counters.idle_snapshots += 1
+
+    async def trim_snapshots(self) -> None:
+        """Over the snapshot capacity: delete whole objects in LRU-K order."""
+        st = self.store
+        cap = st.settings.snapshot_bytes
+        while cap and st.snapshot_bytes > cap and len(st.snap_order) > 1:
+            victims = st.snap_order.victims(1)
+            if not victims:
+                return
+            sid = st.snap_ids[victims[0]]
+            await asyncio.to_thread(st.snapshots_dir.delete, sid)
+            st.counters.evictions["snapshot"] += len(st.forget_snapshot(sid))
 
     def request_trim(self) -> None:
         st = self.store

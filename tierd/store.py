@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,11 +70,19 @@ class TieredStore:
         self.snapshots_dir = SnapshotDir(settings.snapshot_dir, settings.zstd_level)
         self.snap_index: dict[int, str] = {}
         self.snapshots: dict[str, Snapshot] = {}
+        # L3 evicts whole objects: LRU-K over snapshot ids (each given a small int key)
+        self.snap_history = AccessHistory(settings.lru_k, settings.history_entries)
+        self.snap_order = LruK(self.snap_history)
+        self.snap_keys: dict[str, int] = {}
+        self.snap_ids: dict[int, str] = {}
+        self.snapshot_bytes = 0
+        self._snap_seq = itertools.count(1)
         self.meters = {"array": RateMeter(), "snapshot": RateMeter()}
         self.ready = False
         self._room = asyncio.Lock()
         self._evicting: set[int] = set()
         self.on_array_grew: Callable[[], None] | None = None
+        self.on_session_idle: Callable[[list[int]], None] | None = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -117,7 +126,15 @@ class TieredStore:
         self.array_order.remove(h)
 
     def add_snapshot(self, snap: Snapshot) -> None:
+        if snap.id in self.snapshots:
+            self.touch_snapshot(snap.id)
+            return
         self.snapshots[snap.id] = snap
+        self.snapshot_bytes += snap.object_bytes
+        key = next(self._snap_seq)
+        self.snap_keys[snap.id] = key
+        self.snap_ids[key] = snap.id
+        self.touch_snapshot(snap.id)
         for m in snap.entries:
             self.snap_index[m.hash] = snap.id
         if snap.entries:
@@ -126,10 +143,20 @@ class TieredStore:
                 ev.SNAPSHOT, [m.hash for m in snap.entries], first.parent, first.tokens
             )
 
+    def touch_snapshot(self, snap_id: str) -> None:
+        key = self.snap_keys.get(snap_id)
+        if key is not None:
+            self.snap_history.touch(key)
+            self.snap_order.update(key)
+
     def forget_snapshot(self, snap_id: str) -> list[int]:
         snap = self.snapshots.pop(snap_id, None)
         if snap is None:
             return []
+        self.snapshot_bytes -= snap.object_bytes
+        key = self.snap_keys.pop(snap_id)
+        del self.snap_ids[key]
+        self.snap_order.remove(key)
         gone = [m.hash for m in snap.entries if self.snap_index.get(m.hash) == snap_id]
         for h in gone:
             del self.snap_index[h]
@@ -152,28 +179,52 @@ class TieredStore:
         return h in self._evicting or self.l1.pinned(h)
 
     async def reserve(self, n: int) -> list[int]:
-        """Up to `n` free L1 slots, demoting victims as needed (fewer only if all are busy)."""
+        """Up to `n` free L1 slots, demoting victims as needed (fewer only if all are busy).
+
+        Demotion runs shielded: a caller cancelled meanwhile (a prefetch past its deadline)
+        does not cut a write-down in half; its victims stay marked until it is done."""
         slots: list[int] = []
-        async with self._room:
-            self.sessions.expire()
-            cap = int(self.settings.protect_fraction * self.l1.slots)
-            while self.sessions.protected_count > cap and self.sessions.shed_oldest():
-                pass
-            while len(slots) < n:
-                slot = self.l1.reserve()
-                if slot is not None:
-                    slots.append(slot)
-                    continue
-                want = max(n - len(slots), min(DEMOTE_BATCH, self.l1.slots // 64))
-                victims = self.l1_order.victims(want, skip=self._protected_or_busy)
-                while not victims and self.sessions.shed_oldest():
-                    victims = self.l1_order.victims(want, skip=self._protected_or_busy)
-                if not victims:
-                    victims = self.l1_order.victims(want, skip=self._busy)
-                if not victims:
-                    break
-                await self._demote(victims)
+        try:
+            async with self._room:
+                self.expire_sessions()
+                cap = int(self.settings.protect_fraction * self.l1.slots)
+                while self.sessions.protected_count > cap and self.sessions.shed_oldest():
+                    pass
+                while len(slots) < n:
+                    slot = self.l1.reserve()
+                    if slot is not None:
+                        slots.append(slot)
+                        continue
+                    victims = self._pick_victims(n - len(slots))
+                    if not victims:
+                        break
+                    await asyncio.shield(self._demote(victims))
+        except BaseException:
+            for s in slots:
+                self.l1.release(s)
+            raise
         return slots
+
+    def _pick_victims(self, need: int) -> list[int]:
+        """LRU-K victims not protected; if only protected ones are left, protection yields,
+        least recently active session first."""
+        want = max(need, min(DEMOTE_BATCH, self.l1.slots // 64))
+        victims = self.l1_order.victims(want, skip=self._protected_or_busy)
+        if victims:
+            return victims
+        unprotected = self.l1_order.victims(want, skip=self._busy)
+        if not unprotected:
+            return []
+        while not victims and self.sessions.shed_oldest():
+            victims = self.l1_order.victims(want, skip=self._protected_or_busy)
+        return victims or unprotected
+
+    def expire_sessions(self) -> None:
+        """End the protection of idle dialogues, handing each one's slices to
+        `on_session_idle` (the snapshotter writes them as one cold object)."""
+        for _, hashes in self.sessions.expire():
+            if self.on_session_idle is not None:
+                self.on_session_idle(hashes)
 
     async def install(self, items: list[tuple[SliceMeta, bytes]], *, sticky: bool) -> list[int]:
         """Copy slices into L1 (those not there yet); returns the hashes now in L1."""
@@ -320,58 +371,6 @@ class TieredStore:
             "tiers": tiers,
             "leading": leading,
             "counts": counts,
-        }
-
-    def stats(self) -> dict[str, Any]:
-        c = self.counters
-        return {
-            "ready": self.ready,
-            "slice_bytes": self.settings.slice_bytes,
-            "tiers": {
-                "l1": {
-                    "medium": ev.GPU,
-                    "slots": self.l1.slots,
-                    "slices": len(self.l1),
-                    "free_slots": self.l1.free_slots,
-                    "used_bytes": self.l1.used_bytes,
-                    "capacity_bytes": self.l1.slots * self.l1.slot_bytes,
-                    "protected_slices": self.sessions.protected_count,
-                    "sessions": len(self.sessions),
-                },
-                "array": {
-                    "medium": ev.ARRAY,
-                    "dir": str(self.settings.array_dir),
-                    "slices": len(self.array_index),
-                    "used_bytes": self.array_bytes,
-                    "capacity_bytes": self.settings.array_bytes or None,
-                },
-                "snapshot": {
-                    "medium": ev.SNAPSHOT,
-                    "dir": str(self.settings.snapshot_dir),
-                    "snapshots": len(self.snapshots),
-                    "slices": len(self.snap_index),
-                    "object_bytes": sum(s.object_bytes for s in self.snapshots.values()),
-                },
-            },
-            "bandwidth_bytes_per_s": {
-                "measured": {k: m.rate() for k, m in self.meters.items()},
-                "configured": {
-                    "array": self.emulator.array.bytes_per_s or None,
-                    "snapshot": self.emulator.snapshot.bytes_per_s or None,
-                },
-            },
-            "emulation": self.emulator.describe(),
-            "bytes_moved": dict(c.bytes_moved),
-            "hits": dict(c.hits),
-            "prefetch": {"requests": c.prefetch_requests, **c.prefetch},
-            "evictions": dict(c.evictions),
-            "demotions": dict(c.demotions),
-            "gated": c.gated,
-            "write_failures": c.write_failures,
-            "corrupt": dict(c.corrupt),
-            "recovered": dict(c.recovered),
-            "snapshots_written": c.snapshots_written,
-            "events": self.events.stats(),
         }
 
 

@@ -193,3 +193,56 @@ async def test_restart_rebuilds_indexes_and_never_serves_torn_files(tmp_path: Pa
                 assert got is None
             else:
                 assert got == data_of(h)
+
+
+async def test_idle_dialogue_is_snapshotted_when_its_protection_ends(tmp_path: Path) -> None:
+    now = [0.0]
+    d = Daemon(make_settings(tmp_path, session_ttl_s=60.0), clock=lambda: now[0])
+    await d.start()
+    try:
+        await d.wait_ready()
+        chain = [61, 62, 63]
+        await put_chain(d, chain, session=None)
+        await d.prefetcher.prefetch(chain, 1.0, session="player-9")
+        assert all(d.store.sessions.is_protected(h) for h in chain)
+        now[0] = 30.0
+        d.store.expire_sessions()
+        assert d.store.counters.idle_snapshots == 0
+        now[0] = 61.0
+        d.store.expire_sessions()
+        await d.snapshotter.drain()
+        assert not any(d.store.sessions.is_protected(h) for h in chain)
+        assert d.store.counters.idle_snapshots == 1
+        assert [d.store.snap_index.get(h) for h in chain] == [d.store.snap_index[61]] * 3
+    finally:
+        await d.close()
+
+
+async def test_snapshot_capacity_evicts_whole_objects_in_lru_k_order(tmp_path: Path) -> None:
+    a, b, c = [71, 72, 73], [81, 82, 83], [91, 92, 93]
+    async with running(make_settings(tmp_path, l1_bytes=16 * SLOT)) as d:
+        for chain in (a, b, c):
+            await put_chain(d, chain)
+        one = (await d.snapshotter.snapshot(a))["object_bytes"]
+        d.store.settings.snapshot_bytes = int(2.5 * one)
+        await d.snapshotter.snapshot(b)
+        await d.evict(a, ev.GPU)
+        await d.evict(a, ev.ARRAY)
+        assert await d.loader.get(71) == data_of(71)  # a second touch of snapshot a
+        await d.snapshotter.snapshot(c)  # over capacity: b (touched once, oldest) goes
+        assert d.store.where(81) != ev.SNAPSHOT and 81 not in d.store.snap_index
+        assert 71 in d.store.snap_index and 91 in d.store.snap_index
+        assert d.store.counters.evictions["snapshot"] == 3
+        assert d.store.snapshot_bytes <= d.store.settings.snapshot_bytes
+
+
+def test_emulation_charges_the_real_model_size() -> None:
+    from tierd.emulation import Emulator
+
+    em = Emulator("llama3-8b-h100")
+    assert em.charged_bytes(1000, 16) == 16 * 128 * 1024
+    assert em.charged_bytes(1000, None) == 1000
+    assert em.array.bytes_per_s == 10e9 and em.snapshot.bytes_per_s == 3e9
+    fast = Emulator("qwen2.5-32b-h200", array_gbps=25.0)
+    assert fast.array.bytes_per_s == 25e9
+    assert Emulator(None).charged_bytes(1000, 16) == 1000

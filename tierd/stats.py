@@ -1,0 +1,64 @@
+"""The `/v1/stats` document of one store: tier usage, measured and configured bandwidths,
+counters, events. (Prometheus reads the same numbers: `tierd.metrics`.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tierd import events as ev
+from tierd.store import TieredStore
+
+
+def store_stats(st: TieredStore) -> dict[str, Any]:
+    c = st.counters
+    return {
+        "ready": st.ready,
+        "slice_bytes": st.settings.slice_bytes,
+        "tiers": {
+            "l1": {
+                "medium": ev.GPU,
+                "slots": st.l1.slots,
+                "slices": len(st.l1),
+                "free_slots": st.l1.free_slots,
+                "used_bytes": st.l1.used_bytes,
+                "capacity_bytes": st.l1.slots * st.l1.slot_bytes,
+                "protected_slices": st.sessions.protected_count,
+                "sessions": len(st.sessions),
+            },
+            "array": {
+                "medium": ev.ARRAY,
+                "dir": str(st.settings.array_dir),
+                "slices": len(st.array_index),
+                "used_bytes": st.array_bytes,
+                "capacity_bytes": st.settings.array_bytes or None,
+            },
+            "snapshot": {
+                "medium": ev.SNAPSHOT,
+                "dir": str(st.settings.snapshot_dir),
+                "snapshots": len(st.snapshots),
+                "slices": len(st.snap_index),
+                "object_bytes": st.snapshot_bytes,
+                "capacity_bytes": st.settings.snapshot_bytes or None,
+            },
+        },
+        "bandwidth_bytes_per_s": {
+            "measured": {k: m.rate() for k, m in st.meters.items()},
+            "configured": {
+                "array": st.emulator.array.bytes_per_s or None,
+                "snapshot": st.emulator.snapshot.bytes_per_s or None,
+            },
+        },
+        "emulation": st.emulator.describe(),
+        "bytes_moved": dict(c.bytes_moved),
+        "hits": dict(c.hits),
+        "prefetch": {"requests": c.prefetch_requests, **c.prefetch},
+        "evictions": dict(c.evictions),
+        "demotions": dict(c.demotions),
+        "gated": c.gated,
+        "write_failures": c.write_failures,
+        "corrupt": dict(c.corrupt),
+        "recovered": dict(c.recovered),
+        "snapshots_written": c.snapshots_written,
+        "idle_snapshots": c.idle_snapshots,
+        "events": st.events.stats(),
+    }
