@@ -141,7 +141,7 @@ async def proxy_completion(
     if not candidates:
         raise no_healthy_instance(parsed.model, retry_after)
     rr = route_request(parsed, state.settings.routing)
-    shared = state.extensions.get("shared")  # gateway/shared.py: cross-replica session binding
+    shared = state.session_binder()  # gateway/shared.py: cross-replica session binding
     if shared is not None:
         await shared.lookup(rr)
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from starlette.requests import Request
@@ -25,10 +25,22 @@ from gateway.prefetch import Prefetcher
 from gateway.settings import Settings
 from gateway.stats import GatewayStats
 from router.router import Router
+from router.types import Decision, RouteRequest
 
 log = logging.getLogger("warmgate.app")
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@runtime_checkable
+class SessionBinder(Protocol):
+    """Keeps a player's turns on one instance across gateway replicas (gateway/shared.py,
+    registered as `extensions["shared"]`): `lookup()` before routing, `bind()` right after,
+    with nothing awaited in between."""
+
+    async def lookup(self, rr: RouteRequest) -> str | None: ...
+
+    def bind(self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]) -> Decision: ...
 
 
 @dataclass
@@ -48,6 +60,10 @@ class AppState:
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     extensions: dict[str, Any] = field(default_factory=dict)
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
+
+    def session_binder(self) -> SessionBinder | None:
+        binder = self.extensions.get("shared")
+        return binder if isinstance(binder, SessionBinder) else None
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run `coro` in the background for the app's lifetime; its failure is logged."""
