@@ -311,9 +311,15 @@ class PrefixIndex:
         t = self._clock() if now is None else now
         ids: list[tuple[str, int]] = []
         alive = 0
+        known = self._ids.get
+        preds = self._preds
         for name in instances:
-            iid = self._id(name)  # an unseen instance still reads the shared array
-            self._expire(iid, t)
+            iid = known(name)
+            if iid is None:
+                iid = self._id(name)  # an unseen instance still reads the shared array
+            batches = preds[iid].batches
+            if batches and batches[0].expiry <= t:
+                self._expire(iid, t)
             ids.append((name, iid))
             alive |= 1 << (iid * _WIDTH)
         self._expire(self._array_id, t)
@@ -333,9 +339,12 @@ class PrefixIndex:
         if not segments:
             return result
         ashift = self._array_id * _WIDTH
+        first_alive = segments[0][2]
         for name, iid in ids:
-            bit = 1 << (iid * _WIDTH)
             shift = iid * _WIDTH
+            bit = 1 << shift
+            if not first_alive & bit:
+                continue
             counts = result[name]
             for v, n, seg_alive in segments:
                 if not seg_alive & bit:

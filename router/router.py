@@ -76,17 +76,12 @@ class Router:
         names = list(dict.fromkeys(candidates))
         matches = self.index.match(request.block_hashes, names, self._clock())
         views: list[InstanceView] = []
+        load = self.load.view
+        held = self.index.blocks_held
         for name in names:
-            in_flight, queued = self.load.view(name)
-            views.append(
-                InstanceView(
-                    id=name,
-                    in_flight=in_flight,
-                    queued_prefill_tokens=queued,
-                    matched_blocks=matches[name],
-                    cached_blocks_total=self.index.blocks_held(name),
-                )
-            )
+            in_flight, queued = load(name)
+            # positional: id, in_flight, queued_prefill_tokens, matched_blocks, blocks held
+            views.append(InstanceView(name, in_flight, queued, matches[name], held(name)))
         return views
 
     def route(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:
