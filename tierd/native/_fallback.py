@@ -120,6 +120,7 @@ class DeviceArena:
     nbytes: int
     backend: str
     device: int
+    batch_api: bool
 
     def __init__(self, nbytes: int, backend: str = "cuda", *, device: int = 0) -> None:
         raise RuntimeError(f"{backend} backend not usable: the C extension is not loaded")

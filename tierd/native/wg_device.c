@@ -82,6 +82,7 @@ int wg_device_copy(wg_DeviceArena *owner, void *const *dsts, const void *const *
                                sizeof(err));
     Py_END_ALLOW_THREADS;
     owner->busy--;
+    owner->last_batch_api = *used_batch_api;
     if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "%s copy failed: %s", owner->backend, err);
         return -1;
@@ -198,7 +199,13 @@ static PyMethodDef wg_dev_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *wg_dev_get_batch_api(wg_DeviceArena *self, void *c) {
+    (void)c;
+    return PyBool_FromLong(self->last_batch_api);
+}
+
 static PyGetSetDef wg_dev_getset[] = {
+    {"batch_api", (getter)wg_dev_get_batch_api, NULL, "last copy used a batched API", NULL},
     {"nbytes", (getter)wg_dev_get_nbytes, NULL, "size in bytes", NULL},
     {"backend", (getter)wg_dev_get_backend, NULL, "'cuda' or 'hip'", NULL},
     {"device", (getter)wg_dev_get_device, NULL, "device ordinal", NULL},

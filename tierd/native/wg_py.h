@@ -33,6 +33,7 @@ typedef struct {
     wg_gpu_lib lib;
     wg_gpu_ctx *ctx;
     Py_ssize_t busy; /* copies in flight (the GIL is released meanwhile) */
+    int last_batch_api; /* the last copy used the runtime's batched API */
 } wg_DeviceArena;
 
 /* read(offset, size) arguments checked against len. 0 or -1 (raised). */
