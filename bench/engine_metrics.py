@@ -4,9 +4,10 @@ A gateway that passes no instance header still cannot hide where requests went: 
 simulated engine counts its requests and its prefix-cache queries and hits (vLLM metric
 names). `MetricsPoller` scrapes each engine's `/metrics` before the replay, every
 `interval_s` during it and after it; the differences give, per instance, the requests it
-served, the prompt tokens it was asked about and the tokens it found cached (split by tier
-when the engine labels its hits with a `tier`/`medium`), and the samples over time give
-requests per instance over time.
+served, the prompt tokens it was asked about and the tokens it found cached: in its own
+HBM prefix cache (`vllm:prefix_cache_hits`) or loaded from a slower tier through tierd
+(`vllm:external_prefix_cache_hits`, split by tier in `warmgate_sim_tier_loaded_tokens`);
+the samples over time give requests per instance over time.
 """
 
 from __future__ import annotations
@@ -20,31 +21,31 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# Sample name -> our key; the first name an engine exports of each group is used.
+# Sample name -> our key; the first request counter an engine exports is used.
 REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:time_to_first_token_seconds_count")
-QUERY_COUNTER = "vllm:prefix_cache_queries_total"
-HIT_COUNTER = "vllm:prefix_cache_hits_total"
-TIER_LABELS = ("tier", "medium")
+SIMPLE = {
+    "vllm:prefix_cache_queries_total": "queries",  # prompt tokens looked up
+    "vllm:prefix_cache_hits_total": "hits",  # found in the engine's own HBM cache
+    "vllm:external_prefix_cache_hits_total": "external_hits",  # loaded from slower tiers
+}
+TIER_LOADED = "warmgate_sim_tier_loaded_tokens_total"  # loaded tokens by `tier` label
+HBM = "HBM"
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Flatten the samples we use: requests, prefix-cache queries/hits, hits by tier
-    (as `hits:<tier>`), from a Prometheus exposition text."""
+    """Flatten the samples we use from a Prometheus exposition text: requests, prefix-cache
+    queries and hits, external (tier) hits, and tokens loaded by tier (as `loaded:<tier>`)."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
+            name, value = sample.name, float(sample.value)
+            key = SIMPLE.get(name)
             if name in REQUEST_COUNTERS:
-                out[name] = out.get(name, 0.0) + value
-            elif name == QUERY_COUNTER:
-                out["queries"] = out.get("queries", 0.0) + value
-            elif "cache" in name and name.endswith("_total") and "hit" in name:
-                tier = next((labels[k] for k in TIER_LABELS if k in labels), None)
-                if name == HIT_COUNTER:
-                    out["hits"] = out.get("hits", 0.0) + value
-                if tier is not None:
-                    key = f"hits:{tier}"
-                    out[key] = out.get(key, 0.0) + value
+                key = name
+            elif name == TIER_LOADED:
+                key = f"loaded:{sample.labels.get('tier', '?')}"
+            if key is not None:
+                out[key] = out.get(key, 0.0) + value
     for name in REQUEST_COUNTERS:
         if name in out:
             out["requests"] = out[name]
@@ -54,12 +55,22 @@ def parse_counters(text: str) -> dict[str, float]:
 
 @dataclass(slots=True)
 class EngineDelta:
-    """What one instance did between two scrapes."""
+    """What one instance did between two scrapes (tokens, except `requests`)."""
 
     requests: float = 0.0
     queries: float = 0.0
-    hits: float = 0.0
-    hits_by_tier: dict[str, float] = field(default_factory=dict)
+    hits: float = 0.0  # HBM hits
+    external_hits: float = 0.0  # loaded from tierd instead of computed
+    loaded_by_tier: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cached(self) -> float:
+        return self.hits + self.external_hits
+
+    @property
+    def hits_by_tier(self) -> dict[str, float]:
+        """Cached tokens by the tier they came from: HBM, then each slower tier."""
+        return {HBM: self.hits, **self.loaded_by_tier}
 
 
 def delta(before: Mapping[str, float], after: Mapping[str, float]) -> EngineDelta:
@@ -67,10 +78,11 @@ def delta(before: Mapping[str, float], after: Mapping[str, float]) -> EngineDelt
         requests=after.get("requests", 0.0) - before.get("requests", 0.0),
         queries=after.get("queries", 0.0) - before.get("queries", 0.0),
         hits=after.get("hits", 0.0) - before.get("hits", 0.0),
+        external_hits=after.get("external_hits", 0.0) - before.get("external_hits", 0.0),
     )
     for key, value in after.items():
-        if key.startswith("hits:"):
-            d.hits_by_tier[key[5:]] = value - before.get(key, 0.0)
+        if key.startswith("loaded:"):
+            d.loaded_by_tier[key[7:]] = value - before.get(key, 0.0)
     return d
 
 

@@ -69,9 +69,7 @@ def peer_missing(name: str) -> str | None:
 
 
 def tierd_available() -> bool:
-    return importlib.util.find_spec("tierd.server") is not None or (
-        importlib.util.find_spec("tierd.serve") is not None
-    )
+    return importlib.util.find_spec("tierd.serve") is not None
 
 
 class Proc:
@@ -150,7 +148,7 @@ class FleetSpec:
     block_tokens: int = 16  # engine KV block size (vLLM default)
     kv_capacity_tokens: int | None = None
     tierd: bool = True  # run a tierd beside each engine (when tierd is installed)
-    array: bool = True  # give the tierds one shared array directory
+    array: bool = True  # one array directory shared by all tierds (False: one each)
     l1_bytes: int = 256 * 1024 * 1024
     extra_engine_args: tuple[str, ...] = ()
 
@@ -163,13 +161,22 @@ class Fleet:
     workdir: Path
     engines: dict[str, str] = field(default_factory=dict)
     tierds: dict[str, str] = field(default_factory=dict)
+    engine_args: dict[str, list[str]] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
 
+    def _dirs(self, inst: str) -> tuple[Path, Path]:
+        """(snapshot dir, array dir) of one instance's tierd, created."""
+        snap = self.workdir / f"snap-{inst}"
+        array = self.workdir / ("array" if self.spec.array else f"array-{inst}")
+        snap.mkdir(parents=True, exist_ok=True)
+        array.mkdir(parents=True, exist_ok=True)
+        return snap, array
+
     async def start(self) -> None:
+        """Start every tierd, then every engine; return when all answer."""
         spec = self.spec
         use_tierd = spec.tierd and tierd_available()
-        array_dir = self.workdir / "array"
-        array_dir.mkdir(parents=True, exist_ok=True)
+        waits = []
         for n in range(spec.instances):
             inst = f"e{n}"
             args = [
@@ -183,35 +190,30 @@ class Fleet:
                 args += ["--kv-capacity-tokens", str(spec.kv_capacity_tokens)]
             if use_tierd:
                 tport = free_port()
-                snap = self.workdir / f"snap-{inst}"
-                snap.mkdir(exist_ok=True)
+                snap, array = await asyncio.to_thread(self._dirs, inst)
+                # No --emulate: the engine charges tier loads itself, scaled by its time
+                # scale (tierd's emulated sleeps would run in real time).
                 targs = [
                     sys.executable, "-m", "tierd.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(tport), "--l1-bytes", str(spec.l1_bytes),
                     "--snapshot-dir", str(snap), "--instance-id", inst,
-                    "--emulate", spec.profile,
+                    "--array-dir", str(array),
                 ]  # fmt: skip
-                if spec.array:
-                    targs += ["--array-dir", str(array_dir)]
-                tproc = await Proc.spawn(f"tierd-{inst}", targs, self.workdir / f"tierd-{inst}.log")
+                log = self.workdir / f"tierd-{inst}.log"
+                tproc = await Proc.spawn(f"tierd-{inst}", targs, log)
                 self.procs.append(tproc)
                 self.tierds[inst] = f"http://127.0.0.1:{tport}"
+                waits.append(tproc.wait_http(self.tierds[inst] + "/livez"))
                 args += ["--tierd-url", self.tierds[inst]]
-            self.procs.append(await Proc.spawn(inst, args, self.workdir / f"{inst}.log"))
             self.engines[inst] = f"http://127.0.0.1:{port}"
-        waits = [
-            p.wait_http(self.tierds[p.name[6:]] + "/livez")
-            for p in self.procs
-            if p.name.startswith("tierd-")
-        ]
-        await asyncio.gather(*waits)
-        await asyncio.gather(
-            *(
-                p.wait_http(self.engines[p.name] + "/health")
-                for p in self.procs
-                if p.name in self.engines
-            )
-        )
+            self.engine_args[inst] = args
+        await asyncio.gather(*waits)  # engines ask their tierd for its stats at start
+        engine_waits = []
+        for inst, args in self.engine_args.items():
+            proc = await Proc.spawn(inst, args, self.workdir / f"{inst}.log")
+            self.procs.append(proc)
+            engine_waits.append(proc.wait_http(self.engines[inst] + "/health"))
+        await asyncio.gather(*engine_waits)
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)

@@ -18,7 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-TIER_ORDER = ("GPU", "L1", "L2", "CPU", "ARRAY", "array", "SNAPSHOT", "L3")
+TIER_ORDER = ("HBM", "l2", "array", "l3")
+TIER_LABELS = {
+    "HBM": "HBM (engine prefix cache)",
+    "l2": "tierd L1 arena",
+    "array": "shared array",
+    "l3": "snapshots",
+}
 
 
 def ttft_cdf(ttfts: Mapping[str, Sequence[float]], out: Path, *, title: str) -> Path:
@@ -36,7 +42,7 @@ def ttft_cdf(ttfts: Mapping[str, Sequence[float]], out: Path, *, title: str) -> 
     ax.set_ylim(0, 1.0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title(title)
+    ax.set_title(title, fontsize="medium")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -62,7 +68,7 @@ def cached_by_tier(
     if tiers:
         for tier in tiers:
             vals = np.asarray([ratios[n].get(tier, 0.0) for n in names])
-            ax.bar(names, vals, bottom=bottom, label=tier)
+            ax.bar(names, vals, bottom=bottom, label=TIER_LABELS.get(tier, tier))
             bottom += vals
     else:
         vals = np.asarray([totals.get(n) or 0.0 for n in names])
@@ -73,7 +79,7 @@ def cached_by_tier(
     ax.set_ylabel("cached prompt tokens / prompt tokens")
     ax.set_ylim(0, max(1.0, float(bottom.max(initial=0.0)) * 1.1))
     ax.legend(title="tier")
-    ax.set_title(title)
+    ax.set_title(title, fontsize="medium")
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -60,6 +60,7 @@ class RequestRecord:
 
     index: int
     scheduled_s: float  # its arrival time after compression, from the replay's start
+    sent: bool = False  # False: never sent (the replay's time budget ran out first)
     sent_s: float = 0.0  # when it actually went out (later than scheduled under the cap)
     status: int = 0
     ok: bool = False
@@ -222,11 +223,14 @@ async def replay(
     api_key: str | None = None,
     timeout_s: float = 600.0,
     progress_label: str | None = "replay",
+    stop_after_s: float | None = None,
 ) -> list[RequestRecord]:
     """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
 
     With `closed_loop`, arrival times are ignored: requests go out as fast as the
-    concurrency cap lets them (a fixed number of concurrent requests)."""
+    concurrency cap lets them (a fixed number of concurrent requests). With `stop_after_s`,
+    no request is sent after that many seconds (those left have `sent` False); requests
+    already sent run to completion."""
     if compress <= 0 or concurrency <= 0:
         raise ValueError("compress and concurrency must be positive")
     url = base_url.rstrip("/") + "/chat/completions"
@@ -248,7 +252,13 @@ async def replay(
         async def run(i: int) -> None:
             rec = records[i]
             async with sem:
-                rec.sent_s = time.perf_counter() - start
+                now = time.perf_counter() - start
+                if stop_after_s is not None and now > stop_after_s:
+                    rec.error = "not sent: time budget over"
+                    if progress:
+                        progress.done += 1
+                    return
+                rec.sent, rec.sent_s = True, now
                 if progress:
                     progress.in_flight += 1
                 await send_one(
@@ -267,6 +277,11 @@ async def replay(
 
         tasks: list[asyncio.Task[None]] = []
         for i in order:
+            if stop_after_s is not None and time.perf_counter() - start > stop_after_s:
+                records[i].error = "not sent: time budget over"
+                if progress:
+                    progress.done += 1
+                continue
             if not closed_loop:
                 delay = records[i].scheduled_s - (time.perf_counter() - start)
                 if delay > 0:

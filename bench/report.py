@@ -41,7 +41,9 @@ def summarize(
     time_scale: float = 1.0,
     duration_s: float | None = None,
 ) -> dict[str, Any]:
-    """The comparison fields for one gateway's run (see the module docstring)."""
+    """The comparison fields for one gateway's run (see the module docstring); requests
+    never sent (a replay's time budget ran out) are left out."""
+    records = [r for r in records if r.sent]
     ok = [r for r in records if r.ok]
     k = 1.0 / time_scale
     ttft = [r.ttft_s * k for r in ok if r.ttft_s is not None]
@@ -69,7 +71,7 @@ def summarize(
         else None
     )
     queries = sum(d.queries for d in (engines or {}).values())
-    hits = sum(d.hits for d in (engines or {}).values())
+    hits = sum(d.cached for d in (engines or {}).values())
     engine_ratio = hits / queries if queries > 0 else None
     tiers: dict[str, float] = {}
     for d in (engines or {}).values():

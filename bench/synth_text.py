@@ -151,6 +151,7 @@ def mooncake_items(
                 at_s=float(row["timestamp"]) / 1000.0,
                 messages=[{"role": "user", "content": text}],
                 max_tokens=max(1, out),
+                session=str(row["session"]) if row.get("session") is not None else None,
                 tag=f"line {n}",
             )
         )

@@ -1,0 +1,231 @@
+"""`warmgate bench compare`: the same traffic, live, through warmgate and its peers.
+
+For each gateway (warmgate `ttft`, warmgate `prefix`, round robin, and the peers asked for:
+`smg` cache_aware, `litellm` least-busy) a fresh fleet of simulated engines is started
+(same seed, same profile, tierds from a clean state), the gateway is put in front, the
+workload is replayed at its arrival times (compressed by `--compress`, with the engines'
+`--time-scale` set to match, so the fleet sees the load it would see in real time), and
+the engines' own counters are sampled throughout. Then the seed's tiering claims are
+measured (warmgate `ttft`, closed loop at 8 and 16 concurrent requests per instance, with
+the shared array and without), then gateway overhead (bench.overhead). Everything lands
+in `bench/results/<date>-<name>/`: results.json, report.md and the PNG plots; per-request
+records and process logs go to its `tmp/` (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import plots
+from bench.claims import run_claims
+from bench.engine_metrics import MetricsPoller
+from bench.overhead import measure_overhead
+from bench.peers import REPO, FleetSpec, fleet_with_gateway, peer_missing
+from bench.replay import ReplayItem, RequestRecord, replay
+from bench.report import machine, render_markdown, summarize
+from bench.workloads import game_items, trace_items
+
+OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
+OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="warmgate bench compare", description=__doc__)
+    p.add_argument("--workload", required=True, help="game | trace:FILE (Mooncake format)")
+    p.add_argument("--players", type=int, default=60, help="game: players")
+    p.add_argument("--minutes", type=float, default=3.0, help="minutes of traffic")
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--peers", default="smg,litellm", help="comma list: smg, litellm")
+    p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
+    p.add_argument("--json", dest="json_out", help="also write results.json here")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--profile", default="qwen2.5-32b-h200")
+    p.add_argument(
+        "--time-scale", type=float, default=0.5, help="engines' wall seconds per modelled second"
+    )
+    p.add_argument(
+        "--compress", type=float, default=None, help="arrival compression (default 1/time-scale)"
+    )
+    p.add_argument("--concurrency", type=int, default=512, help="client cap on in-flight")
+    p.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine L1 KV tokens")
+    p.add_argument("--trace-block-tokens", type=int, default=512)
+    p.add_argument("--name", default=None)
+    p.add_argument("--results-dir", default=str(REPO / "bench" / "results"))
+    p.add_argument("--no-overhead", action="store_true")
+    p.add_argument("--no-claims", action="store_true")
+    p.add_argument("--overhead-step-s", type=float, default=2.0)
+    p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
+    return p.parse_args(list(argv))
+
+
+def _log(msg: str) -> None:
+    print(f"[compare {datetime.now(UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def _workload(args: argparse.Namespace) -> tuple[list[ReplayItem], str]:
+    if args.workload == "game":
+        return game_items(args.players, args.minutes, args.seed), "game"
+    if args.workload.startswith("trace:"):
+        path = Path(args.workload[6:])
+        items = trace_items(
+            path, minutes=args.minutes, block_tokens=args.trace_block_tokens, seed=args.seed
+        )
+        return items, f"trace-{path.stem}"
+    raise SystemExit(f"unknown --workload {args.workload!r}: game | trace:FILE")
+
+
+def _write_records(path: Path, records: Sequence[RequestRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+async def run_gateway(
+    name: str, spec: FleetSpec, items: Sequence[ReplayItem], args: argparse.Namespace, tmp: Path
+) -> tuple[dict[str, Any], list[float], dict[str, list[tuple[float, float]]]]:
+    """Replay `items` through gateway `name` in front of a fresh fleet."""
+    async with fleet_with_gateway(spec, name, keep_logs=tmp / "logs" / name) as (fleet, gw):
+        assert gw is not None
+        poller = MetricsPoller(fleet.engines, interval_s=1.0)
+        await poller.start()
+        t0 = time.perf_counter()
+        records = await replay(
+            gw.base_url, items, model=spec.model, compress=args.compress,
+            concurrency=args.concurrency, instance_by_url=gw.instance_by_url,
+            api_key=gw.api_key, progress_label=name,
+        )  # fmt: skip
+        duration = time.perf_counter() - t0
+        await poller.stop()
+    await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
+    summary = summarize(records, poller.totals(), time_scale=spec.time_scale, duration_s=duration)
+    ttfts = [r.ttft_s / spec.time_scale for r in records if r.ok and r.ttft_s is not None]
+    return summary, ttfts, poller.requests_over_time()
+
+
+async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    started = datetime.now(UTC)
+    items, kind = await asyncio.to_thread(_workload, args)
+    if not items:
+        raise SystemExit("the workload is empty")
+    who = f"{args.players}p-" if kind == "game" else ""
+    name = args.name or f"{kind}-{who}{args.minutes:g}m-{args.instances}i"
+    out_dir = Path(args.results_dir) / f"{started:%Y-%m-%d}-{name}"
+    tmp = out_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    spec = FleetSpec(
+        instances=args.instances, profile=args.profile, time_scale=args.time_scale,
+        seed=args.seed, kv_capacity_tokens=args.kv_capacity_tokens,
+    )  # fmt: skip
+    peers = [p for p in args.peers.split(",") if p]
+    gateways = [g for g in args.gateways.split(",") if g] + peers
+    results: dict[str, Any] = {
+        "name": name,
+        "started_at": started.isoformat(timespec="seconds"),
+        "command": "warmgate bench compare " + shlex.join(argv),
+        "machine": machine(),
+        "config": {
+            "workload": args.workload,
+            "players": args.players,
+            "minutes": args.minutes,
+            "instances": args.instances,
+            "profile": args.profile,
+            "time_scale": args.time_scale,
+            "compress": args.compress,
+            "seed": args.seed,
+            "requests": len(items),
+            "client_concurrency_cap": args.concurrency,
+            "kv_capacity_tokens": args.kv_capacity_tokens,
+        },
+        "gateways": {},
+        "notes": [],
+    }
+    ttfts: dict[str, list[float]] = {}
+    series: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    _log(f"{len(items)} requests over {args.minutes:g} min; results in {out_dir}")
+    for gw in gateways:
+        missing = peer_missing(gw)
+        if missing:
+            results["gateways"][gw] = {"skipped": missing}
+            _log(f"{gw}: skipped: {missing}")
+            continue
+        _log(f"{gw}: fresh fleet of {args.instances}, replaying")
+        try:
+            summary, ttfts[gw], series[gw] = await run_gateway(gw, spec, items, args, tmp)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            results["gateways"][gw] = {"skipped": f"failed to run: {exc}"[:800]}
+            _log(f"{gw}: failed: {exc}")
+            continue
+        results["gateways"][gw] = summary
+        _log(f"{gw}: ttft p50 {summary['ttft_p50_s']} p99 {summary['ttft_p99_s']} s")
+        await asyncio.to_thread(_dump, out_dir / "results.json", results)
+    if not args.no_claims:
+        _log("seed's claims: tiers vs no array, closed loop")
+        claims_spec = replace(spec, tierd=True)
+        results["claims"] = await run_claims(
+            claims_spec, items, requests=args.claims_requests, tmp=tmp
+        )
+        await asyncio.to_thread(_dump, out_dir / "results.json", results)
+    if not args.no_overhead:
+        _log("overhead: zero-profile engine, direct vs each gateway")
+        results["overhead"] = await measure_overhead(
+            OVERHEAD_GATEWAYS, tmp, step_s=args.overhead_step_s
+        )
+    results["plots"] = await asyncio.to_thread(_plots, out_dir, results, ttfts, series, spec)
+    results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results["wall_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
+    results["results_dir"] = str(out_dir)
+    return results
+
+
+def _plots(
+    out_dir: Path,
+    results: dict[str, Any],
+    ttfts: dict[str, list[float]],
+    series: dict[str, dict[str, list[tuple[float, float]]]],
+    spec: FleetSpec,
+) -> list[str]:
+    ran = {n: r for n, r in results["gateways"].items() if not r.get("skipped")}
+    title = f"{results['name']}\n{spec.instances} instances, {spec.profile}"
+    plots.ttft_cdf(ttfts, out_dir / "ttft_cdf.png", title=f"TTFT CDF per gateway: {title}")
+    plots.cached_by_tier(
+        {n: r.get("cached_token_ratio_by_tier", {}) for n, r in ran.items()},
+        {n: r.get("cached_token_ratio") for n, r in ran.items()},
+        out_dir / "cached_by_tier.png",
+        title=f"Cached-token ratio by tier: {title}",
+    )
+    plots.requests_over_time(
+        series, out_dir / "requests_per_instance.png",
+        title=f"Requests per instance over time: {title}", time_scale=spec.time_scale,
+    )  # fmt: skip
+    return ["ttft_cdf.png", "cached_by_tier.png", "requests_per_instance.png"]
+
+
+def _dump(path: Path, results: dict[str, Any]) -> None:
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(args_list)
+    if args.compress is None:
+        args.compress = 1.0 / args.time_scale if args.time_scale > 0 else 1.0
+    results = asyncio.run(run(args, args_list))
+    out_dir = Path(results["results_dir"])
+    _dump(out_dir / "results.json", results)
+    (out_dir / "report.md").write_text(render_markdown(results))
+    if args.json_out:
+        _dump(Path(args.json_out), results)
+    print(render_markdown(results).split("## Gateway overhead")[0])
+    print(f"artefacts: {out_dir}")
+    return 0

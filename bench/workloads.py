@@ -1,0 +1,33 @@
+"""Workloads for live replay: the game workload (sim.players, in process) and Mooncake-format
+trace files (text synthesised by bench.synth_text), both as `ReplayItem`s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.replay import ReplayItem
+from bench.synth_text import mooncake_items
+
+
+def trace_items(
+    path: Path,
+    *,
+    minutes: float | None = None,
+    block_tokens: int = 512,
+    seed: int = 0,
+    max_output_tokens: int | None = None,
+) -> list[ReplayItem]:
+    """The first `minutes` of a Mooncake-format trace file (all of it when None)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if minutes is not None:
+        horizon_ms = minutes * 60_000.0
+        lines = [ln for ln in lines if ln.strip() and json.loads(ln)["timestamp"] < horizon_ms]
+    return mooncake_items(
+        lines, block_tokens=block_tokens, seed=seed, max_output_tokens=max_output_tokens
+    )
+
+
+def game_items(players: int, minutes: float, seed: int) -> list[ReplayItem]:
+    """The game workload for `players` over `minutes`, generated in process."""
+    raise NotImplementedError("sim.players has not landed yet")
