@@ -124,7 +124,9 @@ def create_app(config: EngineConfig) -> FastAPI:
         if params.session is None:
             params.session = request.headers.get("x-session-id")
         seq = await engine.prepare(params, prompt)
-        shape = ResponseShape(chat=chat, model=params.model)
+        rid = request.headers.get("x-request-id")
+        prefix = "chatcmpl" if chat else "cmpl"
+        shape = ResponseShape(chat, params.model, f"{prefix}-{rid}" if rid else "")
         await engine.load_from_tiers(seq)
         engine.submit(seq)
         if params.stream:
@@ -218,6 +220,10 @@ def create_app(config: EngineConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         return Response(engine_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        return engine_of(request).stats()
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:

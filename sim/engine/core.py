@@ -96,6 +96,33 @@ class Engine:
         if self.publisher is not None:
             self.publisher.close()
 
+    def stats(self) -> dict[str, Any]:
+        """What this engine has done and holds (not a vLLM route; for benchmarks)."""
+        s, c = self.scheduler, self.cache
+        return {
+            "instance_id": self.config.instance_id,
+            "model": self.config.model,
+            "profile": self.profile.name,
+            "time_scale": self.config.time_scale,
+            "simulated_seconds": s.sim_clock,
+            "steps": s.steps,
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "kv": {
+                "block_tokens": c.block_tokens,
+                "blocks": c.num_blocks,
+                "cached_blocks": c.cached_blocks,
+                "used_blocks": c.used_blocks,
+                "usage": c.usage(),
+                "block_hash": self.hasher.algorithm,
+                "hash_seeded": self.hasher.seeded,
+            },
+            "kv_events": None
+            if self.publisher is None
+            else {"endpoint": self.config.kv_events_endpoint, "next_seq": self.publisher.seq},
+            "tiers": None if self.tiers is None else self.tiers.stats(),
+        }
+
     @property
     def healthy(self) -> bool:
         return self._task is not None and not self._task.done()

@@ -19,6 +19,10 @@ TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
 LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -95,6 +99,20 @@ class EngineMetrics:
             buckets=TTFT_BUCKETS,
             registry=reg,
         ).labels(model)
+        self._itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=reg,
+        ).labels(model)
+        self._queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        ).labels(model)
         self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of end to end request latency in seconds.",
@@ -119,6 +137,12 @@ class EngineMetrics:
 
     def on_tokens(self, n: int) -> None:
         self._generation_tokens.inc(n)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self._itl.observe(seconds)
+
+    def on_queued(self, seconds: float) -> None:
+        self._queue.observe(seconds)
 
     def on_finish(self, finish_reason: str, e2e_s: float) -> None:
         self._success.labels(self.model, finish_reason).inc()

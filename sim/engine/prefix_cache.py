@@ -5,9 +5,11 @@ its blocks: prompt blocks found in the cache are pinned (ref count + 1), the res
 reserved as private blocks up front (prompt and output, so a sequence never needs
 preemption). When a private block fills, it is committed under its chained hash: it becomes
 a cached block (BlockStored), or, if that hash is already cached, the existing block is
-pinned and the private one is released. A finished sequence unpins its blocks; those at
-ref count zero stay cached but evictable, kept in LRU order (a sequence's blocks are
-queued last block first, so the tail of a chain goes before its head, as in vLLM).
+pinned and the private one is released. Blocks stored one after another in one chain are
+reported as one BlockStored event (its `token_ids` holding every block's tokens), as vLLM
+does. A finished sequence unpins its blocks; those at ref count zero stay cached but
+evictable, kept in LRU order (a sequence's blocks are queued last block first, so the tail
+of a chain goes before its head, as in vLLM).
 Allocation evicts the least recently used unpinned blocks (BlockRemoved) when free blocks
 run out. Usage, as vLLM reports it, is the share of blocks that are not free or evictable.
 """
@@ -108,16 +110,27 @@ class PrefixCache:
             self._pin(block_hash)
         else:
             self._blocks[block_hash] = _Block(ref=1, parent=parent)
-            self._events.append(
-                BlockStored(
-                    block_hashes=[block_hash],
-                    parent_block_hash=parent,
-                    token_ids=list(tokens),
-                    block_size=self.block_tokens,
-                    medium=self.medium,
-                )
-            )
+            self._record_stored(block_hash, parent, tokens)
         alloc.pinned.append(block_hash)
+
+    def _record_stored(
+        self, block_hash: bytes, parent: bytes | None, tokens: Sequence[int]
+    ) -> None:
+        """One BlockStored per run of chained blocks stored together, as vLLM publishes."""
+        last = self._events[-1] if self._events else None
+        if isinstance(last, BlockStored) and last.block_hashes[-1] == parent and parent is not None:
+            last.block_hashes.append(block_hash)
+            last.token_ids.extend(tokens)
+            return
+        self._events.append(
+            BlockStored(
+                block_hashes=[block_hash],
+                parent_block_hash=parent,
+                token_ids=list(tokens),
+                block_size=self.block_tokens,
+                medium=self.medium,
+            )
+        )
 
     def release(self, alloc: Allocation) -> None:
         """The sequence is done: unpin its blocks (tail first into the LRU), free the rest."""

@@ -208,6 +208,7 @@ class Scheduler:
         seq.admitted_sim_s = self.sim_clock
         if self.metrics is not None:
             self.metrics.on_admit(seq.prompt_len, hit * bs, seq.num_external)
+            self.metrics.on_queued(asyncio.get_running_loop().time() - seq.arrival)
         return True
 
     def _commit_full_blocks(self, seq: Sequence) -> None:
@@ -215,7 +216,10 @@ class Scheduler:
         bs = self.cache.block_tokens
         while (seq.committed_blocks + 1) * bs <= seq.num_computed and seq.alloc.private > 0:
             i = seq.committed_blocks
-            tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
+            if (i + 1) * bs <= seq.prompt_len:
+                tokens = seq.prompt_ids[i * bs : (i + 1) * bs]
+            else:
+                tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
             if i < len(seq.prompt_hashes):
                 h = seq.prompt_hashes[i]
             else:
@@ -237,7 +241,11 @@ class Scheduler:
         elif n_out >= seq.max_tokens:
             reason = "length"
         if self.metrics is not None:
+            now = asyncio.get_running_loop().time()
             self.metrics.on_tokens(1)
+            if seq.last_token_at is not None:
+                self.metrics.on_inter_token(now - seq.last_token_at)
+            seq.last_token_at = now
         seq.queue.put_nowait(StepOutput(seq.output.delta(reason is not None), 1, reason))
         if reason is not None:
             self._finish(seq, reason)

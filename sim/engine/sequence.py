@@ -41,6 +41,7 @@ class Sequence:
     committed_blocks: int = 0
     last_hash: bytes | None = None
     first_token_at: float | None = None  # loop time
+    last_token_at: float | None = None  # loop time
     first_token_sim_s: float | None = None  # simulated seconds since admission
     admitted_sim_s: float | None = None
     finished: bool = False

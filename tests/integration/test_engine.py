@@ -84,6 +84,19 @@ def test_health_models_and_instance_header(client: httpx.Client) -> None:
     assert models["data"][0]["max_model_len"] > 0
 
 
+def test_request_id_is_echoed_and_names_the_completion(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        json=chat("Who goes there? " * 10, max_tokens=3),
+        headers={"x-request-id": "abc-123"},
+    )
+    assert r.headers["x-request-id"] == "abc-123"
+    assert r.json()["id"] == "chatcmpl-abc-123"
+    stats = client.get("/stats").json()
+    assert stats["instance_id"] == "eng-a" and stats["steps"] > 0
+    assert stats["kv"]["hash_seeded"] is True and stats["kv_events"]["next_seq"] > 0
+
+
 def test_chat_is_deterministic_and_second_turn_reports_cached_tokens(
     client: httpx.Client,
 ) -> None:

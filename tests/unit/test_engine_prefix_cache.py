@@ -29,13 +29,15 @@ def test_commit_stores_and_lookup_finds_leading_blocks() -> None:
     assert cache.longest_hit([h(1), h(2), h(3), h(4)]) == 3
     assert cache.longest_hit([h(1), h(9), h(3)]) == 1
     assert cache.longest_hit([h(9)]) == 0
-    events = cache.drain_events()
-    assert [type(e) for e in events] == [BlockStored] * 3
-    first, second = events[0], events[1]
-    assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
-    assert first.parent_block_hash is None and second.parent_block_hash == h(1)
-    assert first.block_size == 4 and first.token_ids == [1, 2, 3, 4] and first.medium == "GPU"
+    (event,) = cache.drain_events()  # one chain stored together: one event
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == [h(1), h(2), h(3)] and event.parent_block_hash is None
+    assert event.block_size == 4 and event.token_ids == [1, 2, 3, 4] * 3
+    assert event.medium == "GPU"
     assert cache.drain_events() == []
+    fill(cache, [h(4)])  # a new chain: a new event
+    (other,) = cache.drain_events()
+    assert isinstance(other, BlockStored) and other.block_hashes == [h(4)]
 
 
 def test_usage_counts_held_blocks_only() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -142,14 +143,15 @@ async def test_events_name_the_chain_and_output_blocks_are_cached(harness: Harne
     harness.sched.submit(seq)
     await drain(seq)
     stored = [e for e in harness.events if isinstance(e, BlockStored)]
-    hashes = [e.block_hashes[0] for e in stored]
-    assert hashes[:2] == seq.prompt_hashes
-    assert stored[0].parent_block_hash is None and stored[1].parent_block_hash == hashes[0]
-    assert stored[0].token_ids == ids[:16]
-    # 40 prompt + 29 fed output tokens = 69 tokens of KV -> 4 full blocks
-    assert len(stored) == 4
+    hashes = [h for e in stored for h in e.block_hashes]
+    assert stored[0].parent_block_hash is None
+    for prev, nxt in itertools.pairwise(stored):
+        assert nxt.parent_block_hash == prev.block_hashes[-1]
     all_ids = ids + seq.output_ids
-    assert hashes[3] == harness.hasher.chain(all_ids)[3]
+    assert [t for e in stored for t in e.token_ids] == all_ids[: 16 * len(hashes)]
+    # 40 prompt + 29 fed output tokens = 69 tokens of KV -> 4 full blocks
+    assert hashes == harness.hasher.chain(all_ids)[:4]
+    assert hashes[:2] == seq.prompt_hashes
 
 
 async def test_batch_limit_queues_and_finishing_admits_the_next() -> None:
