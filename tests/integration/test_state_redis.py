@@ -10,8 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from router.events import BlockRemoved, BlockStored, EventBatch, KvEvent, encode_batch
+from router.index import ARRAY, PrefixIndex
+from router.load import LoadView
 from router.state.base import STREAM_START, StateUnavailableError
 from router.state.redis import RedisState
+from router.state.sync import StateSync, SyncConfig, SyncObservers
+from router.types import Tier
 from tests.support.procs import free_port
 from tests.unit.test_state_memory import StateContract
 
@@ -87,3 +92,80 @@ async def test_an_unreachable_redis_raises_state_unavailable() -> None:
             await state.publish_inflight("r", {"i0": 1}, 1)
     finally:
         await state.close()
+
+
+async def test_a_new_replica_bootstraps_from_the_snapshot_then_reads_the_stream(
+    redis_url: str,
+) -> None:
+    pool = f"boot-{uuid.uuid4().hex[:8]}"
+    first, second = RedisState(redis_url, pool), RedisState(redis_url, pool)
+    tierd = RedisState(redis_url, pool)  # what tierd does: XADD batches to the stream
+
+    async def publish(seq: int, *events: KvEvent) -> None:
+        await tierd.append_event("e0", seq, encode_batch(EventBatch(1.0, events)))
+
+    outcomes: list[str] = []
+    observers = SyncObservers(on_stream_batch=outcomes.append)
+    try:
+        await publish(0, BlockStored((1, 2, 3), medium="GPU"))
+        await publish(1, BlockStored((4, 5), medium="ARRAY"))
+        old = StateSync(first, PrefixIndex(), LoadView(), ["e0"], SyncConfig("r1"))
+        await old.bootstrap()
+        assert await old.read_stream_once(0) == 2
+        assert await old.write_snapshot_once()
+        assert not await old.write_snapshot_once()  # nothing new since
+        await publish(2, BlockRemoved((2,), medium="GPU"))
+        await publish(3, BlockStored((6,), medium="CPU"))
+        # The stream forgets what the snapshot covers: only the snapshot can bring it back.
+        await tierd._r.xtrim(tierd.key("events"), maxlen=2, approximate=False)
+
+        index = PrefixIndex()
+        new = StateSync(second, index, LoadView(), ["e0"], SyncConfig("r2", observers=observers))
+        await new.bootstrap()
+        assert await new.read_stream_once(0) == 2
+        assert dict(index.match([1, 2, 3], ["e0"])["e0"]) == {Tier.L1: 1}
+        assert dict(index.match([3], ["e0"])["e0"]) == {Tier.L1: 1}
+        assert dict(index.match([6], ["e0"])["e0"]) == {Tier.L2: 1}
+        assert dict(index.match([4, 5], ["elsewhere"])["elsewhere"]) == {Tier.ARRAY: 2}
+        assert new.residency.last_seq("e0") == 3
+        assert outcomes == ["ok", "ok"]
+
+        await tierd.append_event("e0", 4, b"\xc1garbage")  # lost batch: e0's blocks dropped
+        await publish(5, BlockStored((7,), medium="GPU"))
+        assert await new.read_stream_once(0) == 2
+        assert outcomes[2:] == ["malformed", "ok"]
+        assert index.blocks_held("e0") == 1 and index.blocks_held(ARRAY) == 0
+        assert new.status()["stream_blocks"] == 1
+    finally:
+        await tierd._r.delete(
+            tierd.key("events"), tierd.key("snapshot"), tierd.key("lock", "snapshot")
+        )
+        for s in (first, second, tierd):
+            await s.close()
+
+
+async def test_inflight_sync_feeds_each_replica_the_others_counts(redis_url: str) -> None:
+    pool = f"sync-{uuid.uuid4().hex[:8]}"
+    stores = [RedisState(redis_url, pool), RedisState(redis_url, pool)]
+    loads = [LoadView(), LoadView()]
+    syncs = [
+        StateSync(s, PrefixIndex(), lv, ["e0", "e1"], SyncConfig(f"r{n}", inflight_ttl_s=1.0))
+        for n, (s, lv) in enumerate(zip(stores, loads, strict=True))
+    ]
+    try:
+        for _ in range(3):
+            loads[0].on_dispatch("e0", 100)
+        loads[1].on_dispatch("e1", 100)
+        for s in syncs:
+            await s.sync_inflight_once()
+        await syncs[0].sync_inflight_once()  # r0 reads after r1 published
+        assert loads[0].view("e0")[0] == 3 and loads[0].view("e1")[0] == 1
+        assert loads[1].view("e0")[0] == 3 and loads[1].view("e1")[0] == 1
+        assert loads[1].local_in_flight("e0") == 0
+        assert syncs[1].remote_replicas == ["r0"]
+        await asyncio.sleep(1.5)  # r0 stops publishing: its counts expire
+        await syncs[1].sync_inflight_once()
+        assert loads[1].view("e0")[0] == 0 and syncs[1].remote_replicas == []
+    finally:
+        for s in stores:
+            await s.close()
