@@ -81,23 +81,25 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="qwen2.5-32b-h200",
             source=(
-                "Qwen2.5-32B bf16 on one H200 (TP1), computed: 64 layers, 8 KV heads x 128 dims "
-                "-> 256 KiB KV/token; dense 2x32.8e9 FLOP/token at ~55% MFU of 989 TFLOP/s "
-                "-> 120 us/token (cross-check: Vidur's Llama-2-70B TP4/H100 fit, 52 us/token "
-                "per 17.5B-per-GPU, scales to ~95-150 us); attention 4x64x5120 FLOP per "
-                "(new, context) token pair -> 3.3e-9 s at 400 TFLOP/s; decode reads 65.5 GB "
-                "of weights at ~4.0 TB/s effective -> 16 ms/step, KV 256 KiB at 4.0 TB/s "
-                "-> 65 ns per KV token; 141 GB - 66 GB weights - 10 GB activations -> 65 GB "
-                "of KV = 250k tokens"
+                "Qwen2.5-32B with FP8 weights (W8A8, vLLM --quantization fp8) and bf16 KV on "
+                "one H200 (TP1), computed: 64 layers, 8 KV heads x 128 dims -> 256 KiB "
+                "KV/token; dense 2x32.8e9 FLOP/token at ~45% of the 1,979 TFLOP/s FP8 dense "
+                "peak (NVIDIA H200 datasheet) -> 74 us/token (about 1.6x the bf16 rate, the "
+                "FP8 prefill speed-up usually reported for vLLM; bf16 at ~55% MFU would be "
+                "120 us); attention in bf16, 4x64x5120 FLOP per (new, context) token pair at "
+                "~600 TFLOP/s (FlashAttention-3 reports 600-740 on H100-class compute) -> "
+                "2.2e-9 s; decode reads 33 GB of FP8 weights at ~4.0 TB/s effective of 4.8 "
+                "-> 8.5 ms/step, bf16 KV 256 KiB at 4.0 TB/s -> 65 ns per KV token; "
+                "141 GB - 33 GB weights - 10 GB activations -> 98 GB of KV = 375k tokens"
             ),
             kv_bytes_per_token=256 * 1024,
             prefill_overhead_s=0.015,
-            prefill_per_token_s=120e-6,
-            prefill_attention_s=3.3e-9,
-            step_base_s=0.016,
+            prefill_per_token_s=74e-6,
+            prefill_attention_s=2.2e-9,
+            step_base_s=0.0085,
             step_per_seq_s=0.0002,
             step_per_kv_token_s=65e-9,
-            kv_capacity_tokens=250_000,
+            kv_capacity_tokens=375_000,
         ),
         Profile(
             name="llama3-8b-h100",

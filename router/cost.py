@@ -1,0 +1,297 @@
+"""The TTFT cost model of the `ttft` policy: what a request's time to first token would be on
+one instance, in seconds, and its calibration from observed TTFTs.
+
+For a request of U uncached tokens after C cached ones on an instance with Q queued prefill
+tokens and D requests in flight:
+
+    compute  = queue + prefill + interference            (GPU time, seconds)
+      queue        = Q x f x t_tok                  f: the instance's uncached fraction,
+                                                      t_tok: seconds per uncached token there
+      prefill      = overhead + per_token U + attention U (C + U/2)
+      interference = ceil((Q f + U) / budget) x decode_step(D, D x context)
+                     (chunked prefill shares each step with every decoding sequence)
+    load     = sum over slow tiers of tokens x kv_bytes_per_token / bandwidth(tier)
+    ttft     = k x compute + max(0, load - k x queue)
+
+The prefetch hint starts tier loads when the request is routed, so the load overlaps the
+queue wait and only what is left after it adds to the TTFT. `k` is the instance's speed
+against the profile, calibrated online by least squares through the origin with
+exponential forgetting: each outcome contributes (x = predicted compute, y = observed TTFT
+minus the predicted visible load) and k = sum(w x y) / sum(w x^2). The sums start from a
+prior worth `prior_weight` observations at k = 1, so a new instance trusts the profile and
+then converges to what is observed. f and the mean context are running means of outcomes.
+
+Defaults are the `qwen2.5-32b-h200` profile of `sim.profiles` (the router imports nothing
+of ours, so the numbers are repeated; the cluster simulator passes its profile's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.types import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """The profile the model starts from."""
+
+    prefill_overhead_s: float = 0.015
+    prefill_per_token_s: float = 74e-6
+    prefill_attention_s: float = 2.2e-9
+    step_base_s: float = 0.0085
+    step_per_seq_s: float = 0.0002
+    step_per_kv_token_s: float = 65e-9
+    max_batch_tokens: int = 8192
+    kv_bytes_per_token: int = 256 * 1024
+    bandwidths: Mapping[str, float] = field(
+        default_factory=lambda: {"L2": 25e9, "array": 10e9, "L3": 3e9}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One instance's predicted TTFT and its parts, in seconds."""
+
+    ttft_s: float
+    queue_wait_s: float
+    load_s: float  # tier load time not hidden behind the queue wait
+    prefill_s: float  # own prefill, decode interference included
+    compute_s: float  # uncalibrated GPU time (queue + prefill), what calibration scales
+    work_s: float = 0.0  # GPU time this request adds to the instance (calibrated)
+
+    def imposed_delay_s(self, arrivals_per_s: float) -> float:
+        """First-order delay this request's work imposes on later arrivals at the same
+        instance (FIFO prefill): those arriving while it waits (rate x queue_wait) are
+        delayed by all of its work, those arriving during its prefill by half on average."""
+        w = self.work_s
+        return arrivals_per_s * (self.queue_wait_s * w + w * w / 2.0)
+
+    def parts(self) -> dict[str, float]:
+        return {
+            "queue_wait_s": self.queue_wait_s,
+            "load_s": self.load_s,
+            "prefill_s": self.prefill_s,
+        }
+
+
+class RateMeter:
+    """Arrivals per second, exponentially decayed over `window_s` (O(1) per event)."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be positive")
+        self.window_s = window_s
+        self._count = 0.0
+        self._last: float | None = None
+        self._first: float | None = None
+
+    def tick(self, now: float) -> None:
+        if self._last is not None and now > self._last:
+            self._count *= math.exp(-(now - self._last) / self.window_s)
+        if self._first is None:
+            self._first = now
+        self._last = max(now, self._last if self._last is not None else now)
+        self._count += 1.0
+
+    def rate(self, now: float) -> float:
+        if self._last is None or self._first is None:
+            return 0.0
+        count = self._count * math.exp(-max(0.0, now - self._last) / self.window_s)
+        # before a whole window has passed, divide by the time actually observed
+        span = min(self.window_s, max(now - self._first, 1e-3))
+        return count / span if span < self.window_s else count / self.window_s
+
+
+class ReusePrice:
+    """The price of giving up cached tokens, set by dual ascent so that the share of
+    cacheable prompt tokens recomputed by choice stays near `budget`.
+
+    A request that goes elsewhere than the instance caching most of its prompt gives up
+    `lost` tokens of reuse. `price` (a multiple of the recompute time of those tokens) rises
+    while the recent token-weighted share of given-up tokens is over the budget and falls
+    (to zero at least) while under it: TTFT is minimised subject to that reuse constraint.
+    """
+
+    def __init__(self, budget: float = 0.01, step: float = 0.05, alpha: float = 0.01) -> None:
+        if budget <= 0:
+            raise ValueError("budget must be positive")
+        self.budget = budget
+        self.step = step
+        self.alpha = alpha
+        self.price = 0.0
+        self._lost = 0.0
+        self._prompt = 0.0
+
+    def update(self, lost_tokens: int, prompt_tokens: int) -> None:
+        a = self.alpha
+        self._lost += a * (max(0, lost_tokens) - self._lost)
+        self._prompt += a * (max(0, prompt_tokens) - self._prompt)
+        share = self._lost / self._prompt if self._prompt > 0 else 0.0
+        self.price = max(0.0, self.price + self.step * (share - self.budget) / self.budget)
+
+    @property
+    def lost_share(self) -> float:
+        return self._lost / self._prompt if self._prompt > 0 else 0.0
+
+
+class _InstanceModel:
+    __slots__ = ("ctx_mean", "s_xx", "s_xy", "samples", "uncached_frac")
+
+    def __init__(self, prior_x: float, prior_weight: float) -> None:
+        self.s_xx = prior_weight * prior_x * prior_x
+        self.s_xy = self.s_xx  # k = 1
+        self.uncached_frac = 1.0
+        self.ctx_mean = 0.0
+        self.samples = 0
+
+
+class TtftCostModel:
+    """Per-instance TTFT predictions, calibrated online."""
+
+    def __init__(
+        self,
+        params: CostParams | None = None,
+        *,
+        forgetting: float = 0.98,
+        prior_weight: float = 5.0,
+        prior_compute_s: float = 0.5,
+        stats_alpha: float = 0.05,
+        k_bounds: tuple[float, float] = (0.1, 10.0),
+    ) -> None:
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError("forgetting must be in (0, 1]")
+        self.params = params or CostParams()
+        self.forgetting = forgetting
+        self.prior_weight = prior_weight
+        self.prior_compute_s = prior_compute_s
+        self.stats_alpha = stats_alpha
+        self.k_bounds = k_bounds
+        self._bandwidths: dict[str, dict[str, float]] = {}
+        self._models: dict[str, _InstanceModel] = {}
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
+        """Measured bytes/s into `instance`'s HBM per tier label ("L2", "array", "L3")."""
+        current = self._bandwidths.setdefault(instance, {})
+        for label, bps in bandwidths.items():
+            if bps > 0 and math.isfinite(bps):
+                current[label] = float(bps)
+
+    def bandwidth(self, instance: str, label: str) -> float:
+        own = self._bandwidths.get(instance)
+        if own is not None and label in own:
+            return own[label]
+        return self.params.bandwidths.get(label, 1e9)
+
+    def _model(self, instance: str) -> _InstanceModel:
+        m = self._models.get(instance)
+        if m is None:
+            m = self._models[instance] = _InstanceModel(self.prior_compute_s, self.prior_weight)
+        return m
+
+    def speed_factor(self, instance: str) -> float:
+        """k: observed TTFT per predicted second of compute on `instance` (1 = the profile)."""
+        m = self._models.get(instance)
+        if m is None or m.s_xx <= 0.0:
+            return 1.0
+        lo, hi = self.k_bounds
+        return min(hi, max(lo, m.s_xy / m.s_xx))
+
+    # -- the model ----------------------------------------------------------------------
+
+    def prefill_compute_s(self, uncached: int, cached: int) -> float:
+        p = self.params
+        u, c = float(max(1, uncached)), float(max(0, cached))
+        return (
+            p.prefill_overhead_s
+            + p.prefill_per_token_s * u
+            + p.prefill_attention_s * u * (c + u / 2.0)
+        )
+
+    def decode_step_s(self, sequences: int, kv_tokens: float) -> float:
+        if sequences <= 0:
+            return 0.0
+        p = self.params
+        return p.step_base_s + p.step_per_seq_s * sequences + p.step_per_kv_token_s * kv_tokens
+
+    def predict(
+        self,
+        instance: str,
+        *,
+        prompt_tokens: int,
+        cached_tokens_by_tier: Mapping[str, int],
+        in_flight: int,
+        queued_prefill_tokens: int,
+    ) -> Prediction:
+        p = self.params
+        m = self._model(instance)
+        k = self.speed_factor(instance)
+        cached = min(prompt_tokens, sum(cached_tokens_by_tier.values()))
+        uncached = max(1, prompt_tokens - cached)
+        queued = queued_prefill_tokens * m.uncached_frac
+        # seconds per uncached token of queued work, at this instance's typical context
+        per_tok = p.prefill_per_token_s + p.prefill_attention_s * m.ctx_mean
+        queue_c = queued * per_tok
+        prefill_c = self.prefill_compute_s(uncached, cached)
+        ctx = m.ctx_mean if m.samples else float(prompt_tokens)
+        steps = math.ceil((queued + uncached) / max(1, p.max_batch_tokens))
+        interference = steps * self.decode_step_s(in_flight, in_flight * ctx)
+        load = 0.0
+        for label, tokens in cached_tokens_by_tier.items():
+            if label != Tier.L1.label and tokens > 0:
+                load += tokens * p.kv_bytes_per_token / self.bandwidth(instance, label)
+        queue_s = k * queue_c
+        prefill_s = k * (prefill_c + interference)
+        visible_load = max(0.0, load - queue_s)
+        return Prediction(
+            ttft_s=queue_s + visible_load + prefill_s,
+            queue_wait_s=queue_s,
+            load_s=visible_load,
+            prefill_s=prefill_s,
+            compute_s=queue_c + prefill_c + interference,
+            work_s=k * (prefill_c + interference),
+        )
+
+    # -- calibration --------------------------------------------------------------------
+
+    def observe(
+        self,
+        instance: str,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        ttft_s: float | None,
+        prediction: Prediction | None,
+    ) -> None:
+        """Learn from one finished request. Without a prediction of ours (a request routed
+        before we knew it) only the running means move."""
+        m = self._model(instance)
+        a = self.stats_alpha
+        if prompt_tokens > 0:
+            frac = max(0.0, min(1.0, 1.0 - cached_tokens / prompt_tokens))
+            m.uncached_frac += a * (frac - m.uncached_frac)
+            ctx = float(prompt_tokens)
+            m.ctx_mean = ctx if m.samples == 0 else m.ctx_mean + a * (ctx - m.ctx_mean)
+            m.samples += 1
+        if ttft_s is None or prediction is None or prediction.compute_s <= 0.0:
+            return
+        x = prediction.compute_s
+        y = max(0.0, ttft_s - prediction.load_s)
+        lam = self.forgetting
+        m.s_xx = lam * m.s_xx + x * x
+        m.s_xy = lam * m.s_xy + x * y
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {
+                "speed_factor": self.speed_factor(name),
+                "uncached_fraction": m.uncached_frac,
+                "mean_context_tokens": m.ctx_mean,
+                "samples": float(m.samples),
+            }
+            for name, m in self._models.items()
+        }

@@ -1,0 +1,218 @@
+"""ttft: warmgate's default policy. Send each request where its time to first token is
+predicted to be lowest, counting what that choice costs the requests after it.
+
+For every candidate the cost model (`router.cost`) predicts
+`ttft = queue_wait + load + prefill`: the queued prefill work ahead of it, the part of the
+tier loads (bytes of matched L2 / array / L3 blocks / that tier's bandwidth) a prefetch
+cannot hide behind the queue, and the prefill of the uncached part, all scaled by the
+instance's speed as calibrated from observed TTFTs. Each candidate is scored
+
+    score = ttft + imposed_delay + reuse_price x recompute_time(tokens given up)
+
+- `imposed_delay` is the first-order delay the request's GPU work w adds to later arrivals
+  on that instance (FIFO prefill): rate x (queue_wait x w + w^2 / 2), with the per-instance
+  arrival rate measured over `rate_window_s` and amplified by 1 / (1 - rho), how much an
+  M/G/1 busy period grows per unit of added work (rho: the share of instances busy, as
+  arrivals see it, capped at `rho_max`). A long recompute on an idle instance costs more
+  than the request's own TTFT shows.
+- `reuse_price` (dual ascent, `router.cost.ReusePrice`) keeps the share of cacheable
+  prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
+  giving up at most that much reuse.
+
+Then:
+1. Load cap: an instance holding `load_cap` x the fair share of the requests in flight
+   (`ceil((in_flight_total + 1) / n)`, at least `load_cap_min`) is only chosen when every
+   instance is at the cap; this guards against herding on a hot prefix (a world-state
+   prefix everyone matches), which then gets replicated on another instance.
+2. Near-ties (within `tie_rel` of the best score, or `tie_abs_s`) go by session affinity:
+   the instance the session key ranks highest by rendezvous hashing (stable while the fleet
+   is), else the one holding more of the prompt, else the less loaded.
+
+`choose()` remembers the prediction made for the instance it picked (bounded, keyed by
+instance, prompt tokens and predicted cached tokens) so `observe()` can pair an outcome
+with it and calibrate. Dry runs (explain) count as arrivals for the rate meter.
+`set_bandwidths()` takes measured tier bandwidths (tierd stats).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+
+import xxhash
+
+from router.cost import CostParams, Prediction, RateMeter, ReusePrice, TtftCostModel
+from router.policies.base import InstanceView, Outcome
+from router.policies.scoring import cached_tokens_by_tier
+from router.types import CandidateScore, Decision, RouteRequest, ordered_fallbacks
+
+_Key = tuple[str, int, int]
+
+
+@dataclasses.dataclass(slots=True)
+class _Scored:
+    view: InstanceView
+    tiers: dict[str, int]
+    pred: Prediction
+    cached: int
+    score: float = 0.0
+
+
+class TtftPolicy:
+    name = "ttft"
+
+    def __init__(
+        self,
+        *,
+        params: CostParams | None = None,
+        bandwidths: Mapping[str, float] | None = None,
+        tie_rel: float = 0.05,
+        tie_abs_s: float = 0.01,
+        load_cap: float = 3.0,
+        load_cap_min: int = 4,
+        forgetting: float = 0.98,
+        prior_weight: float = 5.0,
+        rate_window_s: float = 30.0,
+        rho_max: float = 0.95,
+        busy_alpha: float = 0.02,
+        reuse_budget: float = 0.01,
+        reuse_step: float = 0.05,
+        remembered: int = 8192,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if tie_rel < 0 or tie_abs_s < 0:
+            raise ValueError("tie tolerances must be >= 0")
+        if load_cap < 1.0:
+            raise ValueError("load_cap must be >= 1")
+        if not 0.0 <= rho_max < 1.0:
+            raise ValueError("rho_max must be in [0, 1)")
+        base = params or CostParams()
+        if bandwidths is not None:
+            base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
+        self.model = TtftCostModel(base, forgetting=forgetting, prior_weight=prior_weight)
+        self.tie_rel = tie_rel
+        self.tie_abs_s = tie_abs_s
+        self.load_cap = load_cap
+        self.load_cap_min = load_cap_min
+        self.rho_max = rho_max
+        self.busy_alpha = busy_alpha
+        self.reuse = ReusePrice(reuse_budget, reuse_step)
+        self._arrivals = RateMeter(rate_window_s)
+        self._busy = 0.0
+        self._clock = clock
+        self._remembered = remembered
+        self._pending: OrderedDict[_Key, Prediction] = OrderedDict()
+
+    def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
+        """Measured bytes/s per tier label ("L2", "array", "L3") into `instance`'s HBM."""
+        self.model.set_bandwidths(instance, bandwidths)
+
+    def _cap(self, candidates: Sequence[InstanceView]) -> int:
+        total = sum(v.in_flight for v in candidates)
+        fair = math.ceil((total + 1) / len(candidates))
+        return max(self.load_cap_min, math.ceil(self.load_cap * fair))
+
+    def _delay_rate(self, candidates: Sequence[InstanceView]) -> float:
+        """Later arrivals per second that added work on one instance delays, amplified."""
+        now = self._clock()
+        self._arrivals.tick(now)
+        busy = sum(1 for v in candidates if v.in_flight > 0) / len(candidates)
+        self._busy += self.busy_alpha * (busy - self._busy)
+        rho = min(self.rho_max, self._busy)
+        return self._arrivals.rate(now) / len(candidates) / (1.0 - rho)
+
+    def _score_all(
+        self, request: RouteRequest, candidates: Sequence[InstanceView]
+    ) -> list[_Scored]:
+        scored: list[_Scored] = []
+        for v in candidates:
+            tiers = cached_tokens_by_tier(request, v.matched_blocks)
+            pred = self.model.predict(
+                v.id,
+                prompt_tokens=request.prompt_tokens,
+                cached_tokens_by_tier=tiers,
+                in_flight=v.in_flight,
+                queued_prefill_tokens=v.queued_prefill_tokens,
+            )
+            scored.append(_Scored(v, tiers, pred, sum(tiers.values())))
+        rate = self._delay_rate(candidates)
+        most = max(s.cached for s in scored)
+        per_token = self.reuse.price * self.model.params.prefill_per_token_s
+        for s in scored:
+            s.score = s.pred.ttft_s + s.pred.imposed_delay_s(rate) + per_token * (most - s.cached)
+        return scored
+
+    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        scored = self._score_all(request, candidates)
+        cap = self._cap(candidates)
+        allowed = [s for s in scored if s.view.in_flight < cap] or scored
+        best = min(s.score for s in allowed)
+        ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
+        session = request.session_key
+
+        def tie_key(s: _Scored) -> tuple[int, int, int]:
+            v = s.view
+            affinity = xxhash.xxh3_64_intdigest(f"{session}\x00{v.id}".encode()) if session else 0
+            return (-affinity, -v.matched_total(), v.in_flight)
+
+        chosen = min(ties, key=tie_key)
+        self.reuse.update(max(s.cached for s in scored) - chosen.cached, request.prompt_tokens)
+        self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
+        ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
+        reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
+        if len(ties) > 1:
+            reason += f", tie of {len(ties)} broken by affinity"
+        if len(allowed) < len(scored):
+            reason += f", {len(scored) - len(allowed)} at load cap {cap}"
+        return Decision(
+            instance=chosen.view.id,
+            policy=self.name,
+            reason=reason,
+            cached_tokens=chosen.cached,
+            cached_tokens_by_tier=chosen.tiers,
+            predicted_ttft_s=chosen.pred.ttft_s,
+            fallbacks=ordered_fallbacks(chosen.view.id, [s.view.id for s in ranked]),
+            candidates=tuple(
+                CandidateScore(
+                    instance=s.view.id,
+                    cached_tokens_by_tier=s.tiers,
+                    in_flight=s.view.in_flight,
+                    predicted_ttft_s=s.pred.ttft_s,
+                    parts=s.pred.parts(),
+                )
+                for s in scored
+            ),
+        )
+
+    def _remember(self, key: _Key, pred: Prediction) -> None:
+        self._pending[key] = pred
+        self._pending.move_to_end(key)
+        while len(self._pending) > self._remembered:
+            self._pending.popitem(last=False)
+
+    def observe(self, outcome: Outcome) -> None:
+        key = (outcome.instance, outcome.prompt_tokens, outcome.predicted_cached_tokens)
+        pred = self._pending.pop(key, None)
+        cached = (
+            outcome.reported_cached_tokens
+            if outcome.reported_cached_tokens is not None
+            else outcome.predicted_cached_tokens
+        )
+        self.model.observe(
+            outcome.instance,
+            prompt_tokens=outcome.prompt_tokens,
+            cached_tokens=cached,
+            ttft_s=outcome.ttft_s,
+            prediction=pred,
+        )
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "instances": self.model.snapshot(),
+            "reuse_price": self.reuse.price,
+            "reuse_lost_share": self.reuse.lost_share,
+            "busy_share": self._busy,
+        }

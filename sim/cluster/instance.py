@@ -1,0 +1,249 @@
+"""One simulated inference instance: continuous batching with chunked prefill, charged with
+the timing profile `sim.engine` uses, over an L1 block store.
+
+Scheduling follows vLLM's V1 scheduler in outline. Each step takes every decoding request
+(one token each), then prefill chunks, oldest admission first, within a token budget of
+`max_batch_tokens`; new requests are admitted from the waiting queue (first come, first
+served among those whose tier loads have landed) while the budget, `max_num_seqs` and L1
+room allow. A step costs the profile's decode step (when anything decodes) plus the
+prefill compute of its chunks, `prefill_seconds(chunk, context_before) - overhead`, with
+the overhead paid once per step.
+
+Steps that only decode are coalesced: with B sequences holding K tokens of KV, step k
+costs a + b(k-1) (a = decode_step(B, K), b = B x per-KV-token cost), so n steps take
+n a + b n(n-1)/2 and the instance jumps straight to the first finishing sequence. An
+arrival during such a run cuts it at the end of the step in progress (solved from the
+same sum), which keeps the event count near a handful per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from sim.cluster.kvcache import L1Store
+from sim.cluster.request import SimRequest
+from sim.profiles import Profile
+
+
+class InstanceHooks(Protocol):
+    """What an instance tells the simulator around it."""
+
+    def schedule_step_end(self, instance: int, at_s: float, version: int) -> None: ...
+
+    def on_blocks_stored(self, instance: int, blocks: list[int]) -> None: ...
+
+    def on_first_token(self, req: SimRequest, at_s: float) -> None: ...
+
+    def on_finish(self, req: SimRequest, at_s: float) -> None: ...
+
+
+class Instance:
+    def __init__(
+        self,
+        idx: int,
+        profile: Profile,
+        *,
+        l1_blocks: int,
+        block_tokens: int,
+        hooks: InstanceHooks,
+        demote: Callable[[int], None],
+    ) -> None:
+        self.idx = idx
+        self.profile = profile
+        self.block_tokens = block_tokens
+        self.l1 = L1Store(l1_blocks, demote)
+        self.hooks = hooks
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []  # admission order
+        self.busy = False
+        self.version = 0
+        self.busy_s = 0.0
+        self.prefill_busy_s = 0.0  # the prefill compute part of busy_s
+        self.requests = 0
+        # the step in flight
+        self._step_start = 0.0
+        self._step_chunks: list[tuple[SimRequest, int]] = []
+        self._step_decode: list[SimRequest] = []
+        self._step_n = 0  # decode steps in this (possibly coalesced) step
+        self._step_a = 0.0
+        self._step_b = 0.0
+        self._step_end = 0.0
+        p = profile
+        self._overhead = p.prefill_seconds(0, 0)
+
+    # -- arrivals ---------------------------------------------------------------------------
+
+    def enqueue(self, req: SimRequest, now: float) -> None:
+        self.requests += 1
+        self.waiting.append(req)
+        self.poke(now)
+
+    def poke(self, now: float) -> None:
+        """Something schedulable appeared: start a step, or cut a coalesced decode run."""
+        if not self.busy:
+            self._start_step(now)
+        elif self._step_n > 1 and not self._step_chunks:
+            k = self._steps_done_by(now - self._step_start)
+            if k + 1 < self._step_n:
+                self._step_n = k + 1
+                self._step_end = self._step_start + self._run_time(self._step_n)
+                self.version += 1
+                self.hooks.schedule_step_end(self.idx, self._step_end, self.version)
+
+    def _run_time(self, n: int) -> float:
+        return n * self._step_a + self._step_b * n * (n - 1) / 2.0
+
+    def _steps_done_by(self, elapsed: float) -> int:
+        a, b = self._step_a, self._step_b
+        if a <= 0.0:
+            return self._step_n
+        if b <= 0.0:
+            k = int(elapsed / a)
+        else:  # largest k with b/2 k^2 + (a - b/2) k <= elapsed
+            lin = a - b / 2.0
+            k = int((-lin + math.sqrt(lin * lin + 2.0 * b * elapsed)) / b)
+        k = max(0, min(k, self._step_n))
+        while k > 0 and self._run_time(k) > elapsed:
+            k -= 1
+        while k < self._step_n and self._run_time(k + 1) <= elapsed:
+            k += 1
+        return k
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _try_admit(self, req: SimRequest) -> bool:
+        bt = self.block_tokens
+        chain = req.chain
+        matched = self.l1.leading_match(chain)
+        new_blocks = len(chain) - matched
+        total_blocks = -(-(req.prompt_tokens + req.output_tokens) // bt)
+        private = max(0, total_blocks - len(chain))
+        need = new_blocks + private
+        alone = not self.running
+        if not self.l1.admit(chain[:matched], need, force=alone):
+            return False
+        self.l1.reserved += need
+        req.matched_blocks = matched
+        req.new_blocks = new_blocks
+        req.private_blocks = private
+        hit = min(matched * bt, req.prompt_tokens)
+        req.cached_tokens = hit
+        by_tier: dict[str, int] = {}
+        for i in range(matched):
+            tier = req.loaded_from.get(chain[i], "L1")
+            by_tier[tier] = by_tier.get(tier, 0) + min(bt, req.prompt_tokens - i * bt)
+        req.cached_by_tier = by_tier
+        # an engine always computes at least the last prompt token
+        req.prefill_left = max(1, req.prompt_tokens - hit)
+        req.context_done = req.prompt_tokens - req.prefill_left
+        req.output_left = req.output_tokens
+        req.admitted = True
+        self.running.append(req)
+        return True
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _start_step(self, now: float) -> None:
+        p = self.profile
+        decode = [r for r in self.running if r.prefill_left == 0]
+        budget = p.max_batch_tokens - len(decode)
+        chunks: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.prefill_left > 0:
+                c = min(r.prefill_left, budget)
+                chunks.append((r, c))
+                budget -= c
+        if budget > 0 and self.waiting:
+            keep: deque[SimRequest] = deque()
+            blocked = False
+            while self.waiting:
+                r = self.waiting.popleft()
+                if (
+                    blocked
+                    or budget <= 0
+                    or r.ready_s > now
+                    or len(self.running) >= p.max_num_seqs
+                    or not self._try_admit(r)
+                ):
+                    if r.ready_s <= now:
+                        blocked = True  # first come, first served among ready requests
+                    keep.append(r)
+                    continue
+                c = min(r.prefill_left, budget)
+                chunks.append((r, c))
+                budget -= c
+            self.waiting = keep
+        if not chunks and not decode:
+            self.busy = False
+            self._step_n = 0
+            return
+        kv = sum(r.prompt_tokens + r.generated for r in decode)
+        self._step_a = p.decode_step_seconds(len(decode), kv) if decode else 0.0
+        self._step_b = p.step_per_kv_token_s * len(decode)
+        compute = 0.0
+        for r, c in chunks:
+            compute += p.prefill_seconds(c, r.context_done) - self._overhead
+        self._step_prefill = compute + self._overhead if chunks else 0.0
+        if chunks:
+            self._step_a += compute + self._overhead
+            self._step_b = 0.0
+            n = 1
+        else:
+            n = min(r.output_left for r in decode)
+        self._step_chunks = chunks
+        self._step_decode = decode
+        self._step_n = n
+        self._step_start = now
+        self._step_end = now + self._run_time(n)
+        self.busy = True
+        self.version += 1
+        self.hooks.schedule_step_end(self.idx, self._step_end, self.version)
+
+    def step_end(self, version: int, now: float) -> None:
+        if version != self.version or not self.busy:
+            return  # superseded by a cut
+        n = self._step_n
+        self.busy_s += now - self._step_start
+        self.prefill_busy_s += self._step_prefill
+        finished: list[SimRequest] = []
+        for r in self._step_decode:
+            r.output_left -= n
+            r.generated += n
+            if r.output_left <= 0:
+                finished.append(r)
+        for r, c in self._step_chunks:
+            r.prefill_left -= c
+            r.context_done += c
+            if r.prefill_left == 0:
+                self._prefill_complete(r, now)
+                if r.output_left <= 0:
+                    finished.append(r)
+        for r in finished:
+            self._finish(r, now)
+        self._step_chunks = []
+        self._step_decode = []
+        self._start_step(now)
+
+    def _prefill_complete(self, req: SimRequest, now: float) -> None:
+        new = self.l1.insert_pinned(req.chain[req.matched_blocks :])
+        self.l1.reserved -= req.new_blocks
+        req.new_blocks = 0
+        if new:
+            self.hooks.on_blocks_stored(self.idx, new)
+        req.first_token_s = now
+        req.output_left -= 1
+        req.generated = 1
+        self.hooks.on_first_token(req, now)
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        self.running.remove(req)
+        self.l1.reserved -= req.private_blocks
+        req.private_blocks = 0
+        req.finish_s = now
+        self.l1.unpin(req.chain)
+        self.hooks.on_finish(req, now)

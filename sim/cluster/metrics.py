@@ -1,0 +1,82 @@
+"""Figures of a cluster run: hit rates by tier, TTFT percentiles, load balance, utilisation,
+and the upper bound on the prefix hit rate (one infinite cache, every block ever seen)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sim.cluster.simulator import RunRecord
+from sim.traces import TraceRequest
+
+TIER_LABELS = ("L1", "L2", "array")
+
+
+def upper_bound_token_hit_rate(trace: Iterable[TraceRequest], block_tokens: int) -> float:
+    """Token hit rate of one infinite prefix cache that has seen every earlier request."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in sorted(trace, key=lambda t: t.timestamp_ms):
+        m = 0
+        for h in r.hash_ids:
+            if h in seen:
+                m += 1
+            else:
+                break
+        hit += min(m * block_tokens, r.input_length)
+        total += r.input_length
+        seen.update(r.hash_ids)
+    return hit / total if total else 0.0
+
+
+def distinct_tokens(trace: Iterable[TraceRequest], block_tokens: int) -> int:
+    """Tokens of KV in all distinct blocks of the trace (each block counted once)."""
+    sizes: dict[int, int] = {}
+    for r in trace:
+        for i, h in enumerate(r.hash_ids):
+            n = min(block_tokens, r.input_length - i * block_tokens)
+            if n > sizes.get(h, 0):
+                sizes[h] = n
+    return sum(sizes.values())
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
+
+
+def summarise(policy: str, run: RunRecord) -> dict[str, Any]:
+    """Per-policy figures as `bench cluster` writes them."""
+    reqs = run.requests
+    ttfts = [r.ttft_s for r in reqs if r.ttft_s is not None]
+    prompt = sum(r.prompt_tokens for r in reqs)
+    cached = sum(r.cached_tokens for r in reqs)
+    by_tier = dict.fromkeys(TIER_LABELS, 0)
+    for r in reqs:
+        for tier, n in r.cached_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+    routed = run.routed
+    mean_routed = sum(routed) / len(routed) if routed else 0.0
+    span = run.span_s or 1.0
+    util = [b / span for b in run.busy_s]
+    in_system = sum((r.finish_s or r.arrival_s) - r.arrival_s for r in reqs)
+    return {
+        "policy": policy,
+        "requests": len(reqs),
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate_by_tier": {t: (n / prompt if prompt else 0.0) for t, n in by_tier.items()},
+        "ttft_p50_s": _pct(ttfts, 50),
+        "ttft_p90_s": _pct(ttfts, 90),
+        "ttft_p99_s": _pct(ttfts, 99),
+        "ttft_mean_s": float(np.mean(ttfts)) if ttfts else 0.0,
+        "load_imbalance": max(routed) / mean_routed if mean_routed else 0.0,
+        "requests_by_instance": routed,
+        "utilisation_mean": sum(util) / len(util) if util else 0.0,
+        "utilisation_by_instance": [round(u, 4) for u in util],
+        "prefill_share_mean": sum(run.prefill_busy_s) / span / max(1, len(routed)),
+        "concurrency_mean_per_instance": in_system / span / max(1, len(routed)),
+        "simulated_s": run.span_s,
+        "wall_s": run.wall_s,
+        "events": run.events,
+    }

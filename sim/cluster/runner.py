@@ -1,0 +1,54 @@
+"""Run one policy over a trace in the cluster simulator, with the policy built from the
+router's registry and given what a deployment would give it: the cost model's starting
+profile (for `ttft`) and the simulated clock (for policies that keep time)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from router.cost import CostParams
+from router.policies.registry import default_registry
+from sim.cluster.metrics import summarise
+from sim.cluster.simulator import ClusterConfig, ClusterSimulator, SimClock
+from sim.profiles import Profile, get_profile
+from sim.traces import TraceRequest
+
+
+def cost_params(profile: Profile) -> CostParams:
+    """The `ttft` cost model's starting point, taken from a timing profile."""
+    bw = profile.bandwidths
+    return CostParams(
+        prefill_overhead_s=profile.prefill_overhead_s,
+        prefill_per_token_s=profile.prefill_per_token_s,
+        prefill_attention_s=profile.prefill_attention_s,
+        step_base_s=profile.step_base_s,
+        step_per_seq_s=profile.step_per_seq_s,
+        step_per_kv_token_s=profile.step_per_kv_token_s,
+        max_batch_tokens=profile.max_batch_tokens,
+        kv_bytes_per_token=profile.kv_bytes_per_token,
+        bandwidths={"L2": bw.l2_to_l1, "array": bw.array_to_l1, "L3": bw.l3_to_l1},
+    )
+
+
+def run_policy(
+    trace: Sequence[TraceRequest],
+    config: ClusterConfig,
+    policy: str,
+    policy_params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Simulate `trace` under `policy`; returns the figures of `metrics.summarise`."""
+    clock = SimClock()
+    params: dict[str, Any] = dict(policy_params or {})
+    if policy == "ttft":
+        params.setdefault("params", cost_params(get_profile(config.profile)))
+        params.setdefault("clock", clock)
+    registry = default_registry()
+    built = registry.create(policy, **params)
+    sim = ClusterSimulator(config, built, clock)
+    record = sim.run(trace)
+    summary = summarise(policy, record)
+    stats = getattr(built, "stats", None)
+    if callable(stats):  # policies that explain their own state (ttft: calibration, prices)
+        summary["policy_stats"] = stats()
+    return summary
