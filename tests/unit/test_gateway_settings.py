@@ -1,0 +1,73 @@
+"""Gateway settings: YAML file, `WARMGATE_*` env (nested with `__`, JSON lists), explicit
+arguments, in that order of precedence; invalid settings refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import load_settings
+
+YAML = """
+port: 9000
+instances:
+  - {id: a, url: "http://127.0.0.1:9001/", tierd_url: "http://127.0.0.1:9101", kv_events_endpoint: "tcp://127.0.0.1:5557"}
+  - {id: b, url: "http://127.0.0.1:9002", models: [m1, m2]}
+routing: {policy: session, block_tokens: 32, params: {max_load_factor: 1.5}}
+health: {interval_s: 0.5}
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in (
+        "WARMGATE_PORT",
+        "WARMGATE_CONFIG",
+        "WARMGATE_INSTANCES",
+        "WARMGATE_ROUTING__BLOCK_TOKENS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "gw.yaml"
+    path.write_text(YAML)
+    return path
+
+
+def test_yaml_file(config: Path) -> None:
+    s = load_settings(config)
+    assert s.port == 9000
+    assert [i.id for i in s.instances] == ["a", "b"]
+    assert s.instances[0].url == "http://127.0.0.1:9001"  # trailing slash dropped
+    assert s.instances[0].kv_events_endpoint == "tcp://127.0.0.1:5557"
+    assert s.instances[1].models == ["m1", "m2"]
+    assert s.routing.policy == "session" and s.routing.params == {"max_load_factor": 1.5}
+    assert s.routing.block_chars == 32 * 4
+    assert s.health.interval_s == 0.5 and s.health.failure_threshold == 2
+
+
+def test_env_overrides_yaml_and_arguments_override_env(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARMGATE_CONFIG", str(config))
+    monkeypatch.setenv("WARMGATE_PORT", "18000")
+    monkeypatch.setenv("WARMGATE_ROUTING__BLOCK_TOKENS", "16")
+    s = load_settings()
+    assert s.port == 18000
+    assert s.routing.block_tokens == 16 and s.routing.policy == "session"  # merged, not replaced
+    assert load_settings(port=1234).port == 1234
+
+
+def test_instances_from_env_json(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMGATE_INSTANCES", '[{"id": "x", "url": "http://h:1"}]')
+    s = load_settings()
+    assert [(i.id, i.url, i.tierd_url) for i in s.instances] == [("x", "http://h:1", None)]
+
+
+def test_invalid_settings_are_refused(config: Path) -> None:
+    with pytest.raises(ValidationError):
+        load_settings(instances=[{"id": "a", "url": "http://x"}, {"id": "a", "url": "http://y"}])
+    with pytest.raises(ValidationError):
+        load_settings(state={"backend": "redis"})  # no redis_url
+    with pytest.raises(ValidationError):
+        load_settings(routing={"block_tokens": 0})

@@ -1,0 +1,89 @@
+"""The gateway's SSE relay: events cut correctly from arbitrary byte pieces, TTFT marked at
+the first content chunk, usage kept and (when the client did not ask) stripped, errors and
+`[DONE]` noticed, untouched events passed on byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.sse import SseRelay, cached_tokens
+
+CHUNKS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None},
+    {"choices": [{"index": 0, "delta": {"content": "Hail"}}], "usage": None},
+    {"choices": [{"index": 0, "delta": {"content": ", traveller"}}], "usage": None},
+    {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 50,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 32},
+        },
+    },
+]
+STREAM = (
+    b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in CHUNKS) + b"data: [DONE]\n\n"
+)
+
+
+def relay_in_pieces(relay: SseRelay, data: bytes, size: int) -> tuple[bytes, list[bool]]:
+    out = b""
+    content_seen: list[bool] = []
+    for i in range(0, len(data), size):
+        out += b"".join(relay.feed(data[i : i + size]))
+        content_seen.append(relay.saw_content)
+    return out + relay.flush(), content_seen
+
+
+def test_passthrough_when_client_asked_for_usage_at_any_piece_size() -> None:
+    for size in (1, 3, 7, 64, len(STREAM)):
+        relay = SseRelay(strip_usage=False)
+        out, _ = relay_in_pieces(relay, STREAM, size)
+        assert out == STREAM
+        assert relay.saw_done and relay.saw_content and relay.error is None
+        assert cached_tokens(relay.usage) == 32
+
+
+def test_usage_stripped_when_client_did_not_ask() -> None:
+    relay = SseRelay(strip_usage=True)
+    out, _ = relay_in_pieces(relay, STREAM, 5)
+    frames = [f for f in out.decode().split("\n\n") if f]
+    assert frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f[len("data: ") :]) for f in frames[:-1]]
+    assert len(chunks) == 3
+    assert all("usage" not in c for c in chunks)
+    assert relay.usage is not None and relay.usage["prompt_tokens"] == 50  # still measured
+
+
+def test_first_content_is_the_first_non_empty_delta() -> None:
+    relay = SseRelay(strip_usage=False)
+    first = b"data: " + json.dumps(CHUNKS[0]).encode() + b"\n\n"
+    relay.feed(first)
+    assert not relay.saw_content  # the role-only chunk carries no content
+    relay.feed(b"data: " + json.dumps(CHUNKS[1]).encode()[:10])
+    assert not relay.saw_content  # incomplete event
+    relay.feed(json.dumps(CHUNKS[1]).encode()[10:] + b"\n\n")
+    assert relay.saw_content
+
+
+def test_completions_text_counts_as_content_and_crlf_frames_are_read() -> None:
+    relay = SseRelay(strip_usage=False)
+    relay.feed(b'data: {"choices":[{"index":0,"text":" Once"}]}\r\n\r\n')
+    assert relay.saw_content and relay.events == 1
+
+
+def test_error_event_and_truncation_are_noticed() -> None:
+    relay = SseRelay(strip_usage=False)
+    out = relay.feed(b'data: {"error":{"message":"boom","type":"server_error"}}\n\n')
+    assert out and relay.error == {"message": "boom", "type": "server_error"}
+    assert not relay.saw_done
+    cut = SseRelay(strip_usage=False)
+    cut.feed(b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\ndata: {"cho')
+    assert cut.flush() == b'data: {"cho\n\n'  # what arrived is passed on; no [DONE] seen
+    assert not cut.saw_done
+
+
+def test_comments_and_non_json_pass_unchanged() -> None:
+    relay = SseRelay(strip_usage=True)
+    data = b": keep-alive\n\nevent: ping\ndata: hello\n\n"
+    assert b"".join(relay.feed(data)) == data
