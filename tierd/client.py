@@ -107,6 +107,11 @@ class TierdClient:
         self._hints.add(task)
         task.add_done_callback(self._hints.discard)
 
+    async def flush_hints(self) -> None:
+        """Wait until the hints sent so far have been answered (or failed)."""
+        while self._hints:
+            await asyncio.gather(*list(self._hints), return_exceptions=True)
+
     async def lookup(self, hashes: Sequence[int]) -> dict[str, Any]:
         """`available` (leading run held anywhere), `tiers` (its tier per block), `leading`
         (leading run per tier: GPU, ARRAY, SNAPSHOT) and `counts` of the available run."""

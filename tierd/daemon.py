@@ -95,6 +95,11 @@ class Daemon:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def drain(self) -> None:
+        """Wait for the background prefetches accepted so far."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
     async def evict(self, hashes: list[int] | None, tier: str) -> int:
         st = self.store
         if tier == ev.GPU:

@@ -1,0 +1,97 @@
+"""tierd's HTTP API in-process (the real app, its lifespan, real files) through the real
+`TierdClient`: status codes, error shapes, fire-and-forget hints, metrics."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tierd.api import create_app
+from tierd.client import TierdClient, TierdError
+from tierd.daemon import Daemon
+from tierd.settings import TierdSettings
+
+BASE = "http://tierd.test"
+
+
+def data_of(h: int) -> bytes:
+    return random.Random(h).randbytes(1500)
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[TierdClient, httpx.AsyncClient, Daemon]]:
+    settings = TierdSettings(
+        array_dir=tmp_path / "a",
+        snapshot_dir=tmp_path / "s",
+        l1_bytes=8 * 4096,
+        slice_bytes=4096,
+        instance_id="api-test",
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        daemon: Daemon = app.state.daemon
+        await daemon.wait_ready()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            client = TierdClient(BASE, client=http)
+            yield client, http, daemon
+            await client.aclose()
+
+
+async def test_errors_have_the_openai_shape_and_right_status(
+    api: tuple[TierdClient, httpx.AsyncClient, Daemon],
+) -> None:
+    client, http, _ = api
+    r = await http.get("/v1/slices/not-a-hash")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_hash"
+    r = await http.get(f"/v1/slices/{2**64}")
+    assert r.status_code == 400
+    r = await http.get("/v1/slices/12345")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "slice_not_found"
+    assert await client.get_slice(12345) is None
+    with pytest.raises(TierdError) as too_big:
+        await client.put_slice(5, b"\0" * 4097)
+    assert too_big.value.status == 413
+    r = await http.post("/v1/evict", json={"tier": "HBM"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tier"
+    r = await http.post("/v1/lookup", json={"hashes": [-1]})
+    assert r.status_code == 422
+    assert (await http.get("/livez")).status_code == 200
+    assert (await http.get("/readyz")).json()["ready"] is True
+
+
+async def test_put_get_hint_snapshot_and_metrics(
+    api: tuple[TierdClient, httpx.AsyncClient, Daemon],
+) -> None:
+    client, http, daemon = api
+    chain = [101, 102, 103]
+    parent = None
+    for h in chain:
+        assert await client.put_slice(h, data_of(h), parent=parent, tokens=32, session="p")
+        parent = h
+    assert not await client.put_slice(101, data_of(101))  # already there
+    r = await http.put("/v1/slices/0x68", content=b"abc", headers={"x-tierd-tokens": "3"})
+    assert r.status_code == 201 and r.json()["hash"] == 0x68
+    assert daemon.store.l1.entry(0x68) is not None
+    assert daemon.store.l1.entry(0x68).meta.tokens == 3  # type: ignore[union-attr]
+    assert await client.evict(chain) == 3
+    assert (await client.lookup(chain))["leading"] == {"GPU": 0, "ARRAY": 3, "SNAPSHOT": 0}
+    client.hint(chain, deadline_s=5.0, session="p")  # returns at once
+    await client.flush_hints()
+    await daemon.drain()
+    assert (await client.lookup(chain))["leading"]["GPU"] == 3
+    assert [await client.get_slice(h) for h in chain] == [data_of(h) for h in chain]
+    snap = await client.snapshot(chain, wait=True)
+    assert snap["slices"] == 3 and snap["id"]
+    stats = await client.stats()
+    assert stats["prefetch"]["on_time"] == 3 and stats["hits"]["l1"] == 3
+    assert stats["tiers"]["snapshot"]["slices"] == 3
+    text = (await http.get("/metrics")).text
+    assert 'tierd_prefetch_slices_total{instance="api-test",outcome="on_time"} 3.0' in text
+    assert 'tierd_hits_total{instance="api-test",tier="l1"} 3.0' in text
+    assert 'tierd_tier_slices{instance="api-test",tier="snapshot"} 3.0' in text
+    assert "tierd_bytes_moved_total" in text and "tierd_evictions_total" in text
