@@ -64,6 +64,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-overhead", action="store_true")
     p.add_argument("--no-claims", action="store_true")
     p.add_argument("--overhead-step-s", type=float, default=2.0)
+    p.add_argument("--overhead-gateways", default=",".join(OVERHEAD_GATEWAYS))
+    p.add_argument("--overhead-rates", default="20,50,100,200", help="req/s ladder")
+    p.add_argument("--overhead-streams", default="64,512", help="concurrent stream caps")
+    p.add_argument("--claims-levels", default="8,16", help="concurrent requests per instance")
     p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
     return p.parse_args(list(argv))
 
@@ -173,14 +177,18 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         _log("seed's claims: tiers vs no array, closed loop")
         claims_spec = replace(spec, tierd=True)
         results["claims"] = await run_claims(
-            claims_spec, items, requests=args.claims_requests, tmp=tmp
-        )
+            claims_spec, items, requests=args.claims_requests, tmp=tmp,
+            levels=[int(x) for x in args.claims_levels.split(",") if x],
+        )  # fmt: skip
         await asyncio.to_thread(_dump, out_dir / "results.json", results)
     if not args.no_overhead:
         _log("overhead: zero-profile engine, direct vs each gateway")
         results["overhead"] = await measure_overhead(
-            OVERHEAD_GATEWAYS, tmp, step_s=args.overhead_step_s
-        )
+            [g for g in args.overhead_gateways.split(",") if g], tmp,
+            step_s=args.overhead_step_s,
+            rates=[float(x) for x in args.overhead_rates.split(",") if x],
+            streams=[int(x) for x in args.overhead_streams.split(",") if x],
+        )  # fmt: skip
     results["plots"] = await asyncio.to_thread(_plots, out_dir, results, ttfts, series, spec)
     results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     results["wall_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
