@@ -262,6 +262,21 @@ def test_client_disconnect_frees_the_slot(client: httpx.Client) -> None:
     assert gauge(client, "vllm:kv_cache_usage_perc") == 0
 
 
+def test_client_gone_before_a_plain_response_frees_the_slot(engine: Engine) -> None:
+    req = chat("Another very long tale.", max_tokens=120_000, ignore_eos=True)
+    with (
+        httpx.Client(base_url=engine.url, timeout=0.5) as impatient,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        impatient.post("/v1/chat/completions", json=req)
+    with httpx.Client(base_url=engine.url, timeout=30) as client:
+        deadline = time.monotonic() + 20
+        while gauge(client, "vllm:num_requests_running") != 0:
+            assert time.monotonic() < deadline, "the abandoned request still runs"
+            time.sleep(0.05)
+        assert gauge(client, "vllm:kv_cache_usage_perc") == 0
+
+
 def test_kv_events_arrive_with_vllm_hashes(engine: Engine, client: httpx.Client) -> None:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
