@@ -178,6 +178,8 @@ def test_host_arena(impl: ModuleType) -> None:
     with pytest.raises(ValueError):
         arena.read(0, 1)
     with pytest.raises(ValueError):
+        impl.copy_batch(arena, [0], b"x", [0], [1])
+    with pytest.raises(ValueError):
         impl.HostArena(0)
 
 

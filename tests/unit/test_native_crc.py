@@ -91,3 +91,17 @@ def test_out_of_range_refused(
         impl.crc32c(bytes(100), *args)
     with pytest.raises((IndexError, ValueError)):
         impl.crc32c_batch(bytes(100), [50], [51])
+
+
+@pytest.mark.parametrize("size", [12_287, 12_288, 12_289, 24_583, 100_003])
+def test_hardware_lanes_match_software_on_long_inputs(size: int) -> None:
+    """Long inputs take the 3-lane hardware loop (joined by multiplication modulo P)."""
+    native = c_extension()
+    blob = random.Random(size).randbytes(size + 16)
+    for off in (0, 3, 13):
+        want = native.crc32c(blob, off, size, software=True)
+        assert native.crc32c(blob, off, size) == want
+        assert native.crc32c(blob, off, size, value=0x12345678) == native.crc32c(
+            blob, off, size, value=0x12345678, software=True
+        )
+    assert native.crc32c(blob, 0, 3000) == reference_crc32c(blob[:3000])

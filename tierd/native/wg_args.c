@@ -27,6 +27,10 @@ int wg_mem_get(PyObject *obj, const char *name, int writable, int allow_device, 
         m->len = d->nbytes;
         return 0;
     }
+    if (PyObject_TypeCheck(obj, &wg_HostArenaType) && ((wg_HostArena *)obj)->base == NULL) {
+        PyErr_Format(PyExc_ValueError, "%s: the HostArena is closed", name);
+        return -1;
+    }
     if (PyObject_GetBuffer(obj, &m->view, PyBUF_C_CONTIGUOUS) != 0) {
         if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
             PyErr_ExceptionMatches(PyExc_ValueError)) {
