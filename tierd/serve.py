@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id")
     p.add_argument("--l1-bytes", type=int, help="L1 arena size in bytes")
     p.add_argument("--slice-bytes", type=int, help="L1 slot size (largest slice) in bytes")
+    p.add_argument("--l1-backend", choices=["auto", "host", "cuda", "hip"], help="L1 arena memory")
     p.add_argument("--array-dir", type=Path, help="array directory (may be shared)")
     p.add_argument("--array-bytes", type=int, help="array capacity of our own (0: none)")
     p.add_argument("--snapshot-dir", type=Path)

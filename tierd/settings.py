@@ -4,6 +4,7 @@ environment variables (every flag has an env twin; see `tierd.serve`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,6 +21,7 @@ class TierdSettings(BaseSettings):
     # L1: the "HBM" arena (host memory on a machine without a GPU), cut into fixed slots.
     l1_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     slice_bytes: int = Field(default=256 * 1024, gt=0)
+    l1_backend: Literal["auto", "host", "cuda", "hip"] = "auto"
     # L2: the (possibly shared) array directory; 0 = no capacity bound of our own.
     array_dir: Path = Path("./tierd-array")
     array_bytes: int = Field(default=0, ge=0)

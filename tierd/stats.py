@@ -17,6 +17,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
         "tiers": {
             "l1": {
                 "medium": ev.GPU,
+                "backend": st.l1.backend,
                 "slots": st.l1.slots,
                 "slices": len(st.l1),
                 "free_slots": st.l1.free_slots,

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 import zmq
 import zmq.asyncio
 
+from router.events import decode_batch
 from tests.support.procs import ManagedProcess, free_port, python_module
 from tierd.client import TierdClient, TierdError
 
@@ -91,6 +92,9 @@ async def put_and_demote(client: TierdClient, chain: list[int], session: str) ->
 
 
 def decode(payload: bytes) -> list[list[Any]]:
+    # the router's own decoder takes every batch whole (the contract between the two)
+    parsed = decode_batch(payload)
+    assert parsed.skipped == 0 and parsed.events
     batch = msgpack.unpackb(payload, raw=False)
     assert isinstance(batch, list) and isinstance(batch[0], float)
     events: list[list[Any]] = batch[1]

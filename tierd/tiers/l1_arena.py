@@ -1,4 +1,8 @@
-"""L1: the "HBM" arena, one native `HostArena` cut into fixed-size slots with a free list.
+"""L1: the "HBM" arena, one native arena cut into fixed-size slots with a free list.
+
+The arena is device memory (`DeviceArena`, CUDA or HIP) when a GPU backend of the native
+module is usable and `backend` allows it, else page-aligned host memory (`HostArena`):
+the code path is the same, `copy_batch` moves bytes either way.
 
 A slice occupies one slot (its length may be less than the slot). A slot is reserved
 before its bytes are written and the slice becomes visible only once the copy is done;
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from tierd.native import HostArena, copy_batch
+from tierd.native import DeviceArena, HostArena, backends, copy_batch
 from tierd.slices import SliceMeta
 
 
@@ -23,15 +27,29 @@ class L1Entry:
     pins: int = 0
 
 
+def make_arena(nbytes: int, backend: str) -> HostArena | DeviceArena:
+    """`host`, `cuda`, `hip`, or `auto`: the first usable GPU backend, else host memory."""
+    if backend == "host":
+        return HostArena(nbytes)
+    if backend == "auto":
+        info = backends()
+        for name in ("cuda", "hip"):
+            if info.get(name, {}).get("usable"):
+                return DeviceArena(nbytes, name)
+        return HostArena(nbytes)
+    return DeviceArena(nbytes, backend)
+
+
 class L1Arena:
     """Fixed-slot arena: reserve → write → commit; pin → read → unpin; free."""
 
-    def __init__(self, nbytes: int, slot_bytes: int) -> None:
+    def __init__(self, nbytes: int, slot_bytes: int, backend: str = "auto") -> None:
         self.slot_bytes = slot_bytes
         self.slots = nbytes // slot_bytes
         if self.slots < 1:
             raise ValueError(f"L1 of {nbytes} bytes holds no slot of {slot_bytes} bytes")
-        self.arena = HostArena(self.slots * slot_bytes)
+        self.arena = make_arena(self.slots * slot_bytes, backend)
+        self.backend = self.arena.backend
         self._free: list[int] = list(range(self.slots - 1, -1, -1))
         self._entries: dict[int, L1Entry] = {}
         self.used_bytes = 0
