@@ -90,7 +90,7 @@ class SharedRuntime:
         settings: StateSettings,
         metrics: StateMetrics,
         *,
-        binding_cache_s: float = 5.0,
+        binding_cache_s: float = 2.0,
         binding_cache_max: int = 100_000,
         overload_factor: float = 2.0,
         max_pending: int = 1000,

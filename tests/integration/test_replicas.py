@@ -16,7 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.routing import build_router
+from gateway.settings import RoutingSettings, StateSettings
+from gateway.shared import SharedRuntime, StateMetrics
+from router.state.redis import RedisState
+from router.state.sync import StateSync, SyncConfig
+from router.types import Decision, RouteRequest
 from tests.support.procs import ManagedProcess, free_port, python_module
 
 MODEL = "sim-qwen2.5-32b"
@@ -192,3 +199,57 @@ async def test_each_replica_sees_the_others_in_flight_load(fleet: Fleet) -> None
                 break
             await asyncio.sleep(0.05)
         assert await totals(b_url) == (0, 0)
+
+
+# -- the binding rules, with two replicas' runtimes in-process on the same Redis -------------
+
+
+def runtime(redis_url: str, pool: str, replica: str) -> SharedRuntime:
+    settings = StateSettings(backend="redis", redis_url=redis_url, pool=pool, replica_id=replica)
+    router = build_router(RoutingSettings(policy="prefix"))
+    store = RedisState(redis_url, pool)
+    sync = StateSync(store, router.index, router.load, ["e0", "e1", "e2"], SyncConfig(replica))
+    return SharedRuntime(sync, router, settings, StateMetrics(CollectorRegistry()))
+
+
+async def route(rt: SharedRuntime, rr: RouteRequest, candidates: list[str]) -> Decision:
+    """What gateway.proxy does around routing, then wait for the background write."""
+    await rt.lookup(rr)
+    decision = rt.bind(rr, rt.router.route(rr, candidates), candidates)
+    await asyncio.gather(*rt._pending)
+    return decision
+
+
+async def test_binding_redirects_moves_when_unhealthy_or_overloaded(redis_url: str) -> None:
+    pool = f"bind-{uuid.uuid4().hex[:8]}"
+    a, b = runtime(redis_url, pool, "a"), runtime(redis_url, pool, "b")
+    every = ["e0", "e1", "e2"]
+    hashes = [101, 102, 103, 104]
+    rr = RouteRequest(MODEL, hashes, 64, 256, session_key="p1")
+    a.router.index.insert("e0", hashes)  # each replica believes the prefix is elsewhere
+    b.router.index.insert("e2", hashes)
+    try:
+        first = await route(a, rr, every)
+        assert first.instance == "e0" and "session binding" not in first.reason
+        second = await route(b, rr, every)  # B's own policy would pick e2
+        assert second.instance == "e0"
+        assert second.reason.startswith("session binding (policy chose e2")
+        assert second.fallbacks[0] == "e2"
+        # e0 is unhealthy at B: the player moves to B's choice, compare-and-set.
+        third = await route(b, rr, ["e1", "e2"])
+        assert third.instance == "e2"
+        assert await b.store.get_session("p1", 60) == "e2"
+        a._cache.clear()  # (A's cache would expire within binding_cache_s)
+        fourth = await route(a, rr, every)
+        assert fourth.instance == "e2"  # A follows the move
+        # e2 gets overloaded: the binding yields to the policy's choice.
+        a.router.load.set_remote("e2", 50)
+        fifth = await route(a, rr, every)
+        assert fifth.instance == "e0" and "session binding" not in fifth.reason
+        assert await a.store.get_session("p1", 60) == "e0"
+        # Session-blind requests and baselines are left alone.
+        anon = RouteRequest(MODEL, hashes, 64, 256)
+        assert (await route(b, anon, every)).instance == "e2"
+    finally:
+        await a.close()
+        await b.close()
