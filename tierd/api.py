@@ -124,6 +124,10 @@ def create_app(settings: TierdSettings) -> FastAPI:
         h = _parse_hash(block_hash)
         if h is None:
             return error(400, f"bad block hash {block_hash!r}", "invalid_hash", "hash")
+        limit = daemon_of(request).settings.slice_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return error(413, f"slice of {declared} bytes exceeds {limit}", "slice_too_large")
         data = await request.body()
         try:
             stored = await daemon_of(request).store.put(

@@ -163,7 +163,7 @@ class Loader:
         st.meters["array"].record(charged, time.monotonic() - t0)
         st.counters.bytes_moved["array_to_l1"] += sum(m.length for m, _ in good)
         for m, _ in good:
-            st.array_order.update(m.hash)
+            st.array_add(m.hash, m)
         await st.install(good, sticky=False)
         out: Loaded = {m.hash: p for m, p in good}
         by_snap: dict[str, list[int]] = {}

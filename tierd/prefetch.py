@@ -5,7 +5,7 @@ With a session key the hint opens a new turn of that dialogue (`tierd.sessions`)
 protects the chain's slices in L1. The slices not yet in L1 are joined to single-flight
 transfers (`tierd.loader`); the prefetch waits for them until the deadline and not a
 moment longer. Per slice the outcome is one of: ``hit`` (already in L1), ``on_time``
-(loaded before the deadline), ``abandoned`` (not in L1 at the deadline; its transfer is
+(in L1 before the deadline), ``abandoned`` (not in L1 at the deadline; its transfer is
 cancelled unless someone else still waits for it), ``late`` (the deadline passed while the
 transfer was still needed by another waiter, so it goes on) or ``miss`` (in no tier,
 or unreadable).
@@ -63,7 +63,7 @@ class Prefetcher:
                 outcome["miss"] += len(mine)
             else:
                 loaded = task.result()
-                ok = sum(1 for h in mine if h in loaded)
+                ok = sum(1 for h in mine if h in loaded and h in st.l1)
                 outcome["on_time"] += ok
                 outcome["miss"] += len(mine) - ok
             self.loader.release(t)

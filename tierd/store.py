@@ -95,7 +95,7 @@ class TieredStore:
         found, bad, _ = await asyncio.to_thread(self.array.scan, grace)
         snaps, _ = await asyncio.to_thread(self.snapshots_dir.scan, grace)
         for h, meta in found.items():
-            self._array_add(h, meta)
+            self.array_add(h, meta)
         self.counters.recovered["array"] += len(found)
         self.counters.corrupt["array"] += len(bad)
         hashes = list(found)
@@ -112,7 +112,7 @@ class TieredStore:
 
     # -- bookkeeping shared with loader / snapshotter ------------------------------------
 
-    def _array_add(self, h: int, meta: SliceMeta | None) -> None:
+    def array_add(self, h: int, meta: SliceMeta | None) -> None:
         if h not in self.array_index or (meta is not None and self.array_index[h] is None):
             old = self.array_index.get(h)
             self.array_bytes += (meta.length if meta else 0) - (old.length if old else 0)
@@ -268,7 +268,7 @@ class TieredStore:
             ok = await asyncio.to_thread(self.array.write, down) if down else []
             for (meta, _), written in zip(down, ok, strict=True):
                 if written:
-                    self._array_add(meta.hash, meta)
+                    self.array_add(meta.hash, meta)
                     self.counters.demotions["l1_to_array"] += 1
                     self.counters.bytes_moved["l1_to_array"] += meta.length
                     self.events.stored(ev.ARRAY, [meta.hash], meta.parent, meta.tokens)
@@ -339,7 +339,7 @@ class TieredStore:
         found = await asyncio.to_thread(_probe, self.array, tail, known)
         for h in found:
             if h not in self.array_index:
-                self._array_add(h, None)
+                self.array_add(h, None)
 
     def where(self, h: int) -> str | None:
         if h in self.l1:
