@@ -14,12 +14,14 @@ Figures (GB/s = 1e9 bytes/s, best of `--repeat` runs):
   read run (fdatasync + posix_fadvise(DONTNEED) per file, `drop_page_cache`), so each run
   reads from the device. ``parallel_read_speedup`` = file_read / file_read_baseline.
 - ``checksum_gbps``: `crc32c_batch` over the same slices.
-The report names the backend that ran and its flags.
+The report names the backend that ran and its flags. Then `tierd.bench_store` measures
+how fast a dialogue's chain comes back into L1 through the store itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import tierd.native as native
+from tierd.bench_store import measure_chain
 
 
 def _best(repeat: int, fn: Callable[[], object]) -> float:
@@ -144,12 +147,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slice-bytes", type=int, default=256 * 1024)
     p.add_argument("--dir", type=Path, help="where the slice files go (a temp dir inside it)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--chain-slices",
+        type=int,
+        default=512,
+        help="slices of the dialogue chain loaded through the store (0: skip that part)",
+    )
     args = p.parse_args(argv)
     parent = args.dir or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="tierd-bench-", dir=parent))
     try:
         report = run(args.slices, args.slice_bytes, directory, max(1, args.repeat))
+        if args.chain_slices > 0:
+            report.update(
+                asyncio.run(
+                    measure_chain(
+                        args.chain_slices, args.slice_bytes, directory / "store", args.repeat
+                    )
+                )
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     text = json.dumps(report, indent=2)
