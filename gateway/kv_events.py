@@ -73,6 +73,7 @@ class SourceStats:
     malformed: int = 0
     unknown_events: int = 0
     unknown_medium: int = 0
+    other_topic: int = 0  # messages on another topic (check kv_events.topic if this grows)
     gaps: int = 0
     missed_batches: int = 0
     restarts: int = 0
@@ -108,7 +109,9 @@ class KvEventConsumer:
             sock = self._ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 100_000)
-            sock.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+            # Everything, then filter in `handle`: a topic mismatch (vLLM's default topic is
+            # empty) then shows up in the stats instead of as silence.
+            sock.setsockopt_string(zmq.SUBSCRIBE, "")
             sock.connect(endpoint)  # connects lazily and reconnects on its own
             task = asyncio.create_task(self._run(instance, sock), name=f"kv-events:{instance}")
             self._tasks.append(task)
@@ -153,6 +156,9 @@ class KvEventConsumer:
         except MalformedEventError as exc:
             self._count(stats, "malformed")
             log.warning("kv events from %s: malformed message skipped: %s", instance, exc)
+            return
+        if self.topic and message.topic != self.topic:
+            stats.other_topic += 1
             return
         tracker = self._trackers[instance]
         verdict = tracker.observe(message.seq)

@@ -142,6 +142,24 @@ class SharedRuntime:
             return None
         return rr.session_key
 
+    async def binding_of(self, key: str) -> dict[str, Any]:
+        """For the admin "where is this player" view: the player's binding and where it was
+        read (the local cache, else the store, without refreshing its TTL)."""
+        cached = self._cached(key)
+        if cached is not None:
+            return {"bound_instance": cached, "source": "cache"}
+        if self.store.backend == "memory":
+            return {"bound_instance": None, "source": "none (single replica: the policy decides)"}
+        try:
+            bound = await self.sync.call(
+                "get_session",
+                lambda: self.store.get_session(key, self.settings.session_ttl_s),
+                self.sync.config.call_timeout_s,
+            )
+        except StateUnavailableError as exc:
+            return {"bound_instance": None, "source": f"store unavailable: {exc}"}
+        return {"bound_instance": bound, "source": "store"}
+
     # -- the two calls around routing ----------------------------------------------------
 
     async def lookup(self, rr: RouteRequest) -> str | None:

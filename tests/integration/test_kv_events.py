@@ -118,6 +118,8 @@ async def test_malformed_messages_are_counted_and_skipped(rig: Rig) -> None:
     await rig.pub.send_frames([b"kv-events", b"only two frames"])
     await until(lambda: rig.stats()["malformed"] == 2, "two malformed messages")
     assert tiers(rig.index, "i0", [1]) == {Tier.L1: 1}  # skipped: nothing else changed
+    await rig.pub.send_frames([b"other-topic", (5).to_bytes(8, "big"), b"x"])
+    await until(lambda: rig.stats()["other_topic"] == 1, "a message on another topic")
     await rig.pub.send_raw(b"\xc1 not msgpack")  # an undecodable batch is a lost batch
     await rig.pub.send_raw(msgpack.packb([1.0, [["BlockStored", "not-a-list"]]]))
     await until(lambda: rig.stats()["malformed"] == 4, "two undecodable batches")

@@ -231,6 +231,7 @@ async def test_binding_redirects_moves_when_unhealthy_or_overloaded(redis_url: s
     try:
         first = await route(a, rr, every)
         assert first.instance == "e0" and "session binding" not in first.reason
+        assert await b.binding_of("p1") == {"bound_instance": "e0", "source": "store"}
         second = await route(b, rr, every)  # B's own policy would pick e2
         assert second.instance == "e0"
         assert second.reason.startswith("session binding (policy chose e2")
