@@ -40,6 +40,19 @@ class ChatPrompt:
 
 
 Prompt = str | list[int] | ChatPrompt
+INLINE_PROMPT_CHARS = 2048  # shorter prompts are tokenised and hashed on the loop (< 0.2 ms)
+
+
+def _prompt_chars(prompt: Prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, ChatPrompt):
+        total = 0
+        for m in prompt.messages:
+            content = m.get("content")
+            total += len(content) if isinstance(content, str) else INLINE_PROMPT_CHARS
+        return total + (INLINE_PROMPT_CHARS if prompt.tools else 0)
+    return len(prompt) * 4
 
 
 class Engine:
@@ -171,7 +184,10 @@ class Engine:
     async def prepare(self, params: GenerationParams, prompt: Prompt) -> Seq:
         """Tokenise and hash the prompt (in a thread), check lengths, build the sequence."""
         arrival = asyncio.get_running_loop().time()
-        ids, hashes, plan = await asyncio.to_thread(self._prepare_sync, prompt, params)
+        if _prompt_chars(prompt) <= INLINE_PROMPT_CHARS:  # a thread hop costs more than this
+            ids, hashes, plan = self._prepare_sync(prompt, params)
+        else:
+            ids, hashes, plan = await asyncio.to_thread(self._prepare_sync, prompt, params)
         if not ids:
             raise bad(
                 "the prompt is empty", "messages" if isinstance(prompt, ChatPrompt) else "prompt"
