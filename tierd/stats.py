@@ -29,6 +29,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
             "array": {
                 "medium": ev.ARRAY,
                 "dir": str(st.settings.array_dir),
+                "o_direct": st.array.direct,
                 "slices": len(st.array_index),
                 "used_bytes": st.array_bytes,
                 "capacity_bytes": st.settings.array_bytes or None,

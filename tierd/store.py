@@ -92,6 +92,7 @@ class TieredStore:
         Slices are served meanwhile (a get or lookup of a hash not indexed yet looks at the
         directory itself); `ready` turns true when the indexes are complete."""
         grace = self.settings.temp_grace_s
+        await asyncio.to_thread(self.array.probe)
         found, bad, _ = await asyncio.to_thread(self.array.scan, grace)
         snaps, _ = await asyncio.to_thread(self.snapshots_dir.scan, grace)
         for h, meta in found.items():
