@@ -7,10 +7,11 @@ block), so the prefetch hints the gateway sends for a routed request name exactl
 slices this engine stores. Block j of that chain covers the prompt tokens
 `[j*t, (j+1)*t)`, `t = block_chars * prompt_tokens / len(text)`.
 
-- Before a request is queued: its HBM hit (the engine's own prefix cache) is known; tierd is
-  asked how long a leading run of the chain it holds (`lookup`), and the slices past the HBM
-  hit are fetched (`get_slice`: real bytes, verified against the pattern they were stored
-  with). The transfer time of the real model's KV (profile `kv_bytes_per_token` over the
+- Before a request is queued: its HBM hit (the engine's own prefix cache) is known; unless
+  that covers the whole chain (then tierd is not asked at all), tierd is asked how long a
+  leading run of the chain it holds (`lookup`), and the slices past the HBM hit are fetched
+  (`get_slice`: real bytes, verified against the pattern they were stored with). The
+  transfer time of the real model's KV (profile `kv_bytes_per_token` over the
   tier's bandwidth: tierd's GPU arena at `l2_to_l1`, the array at `array_to_l1`, snapshots
   at `l3_to_l1`) is slept, scaled, in the request's own coroutine, like vLLM's asynchronous
   KV loads: the batch goes on meanwhile. When tierd itself emulates link time
@@ -68,6 +69,7 @@ class TierPlan:
 @dataclass
 class TierCounters:
     lookups: int = 0
+    skipped_lookups: int = 0  # HBM already held the whole chain
     loaded_tokens: dict[str, int] = field(default_factory=dict)
     stored_slices: int = 0
     store_failures: int = 0
@@ -145,6 +147,12 @@ class TierBackend:
     async def fetch(self, plan: TierPlan, hbm_tokens: int) -> None:
         """Load the slices past the HBM hit from tierd and sleep their transfer time."""
         if not plan.chain:
+            return
+        if hbm_tokens >= min(plan.block_end(len(plan.chain) - 1), plan.prompt_tokens - 1):
+            # HBM holds the whole chain: nothing to load, and it was stored when computed
+            plan.held_blocks = len(plan.chain)
+            plan.loaded_until = hbm_tokens
+            self.counters.skipped_lookups += 1
             return
         self.counters.lookups += 1
         try:
@@ -231,6 +239,7 @@ class TierBackend:
             "url": self.url,
             "tierd_emulates": self.tierd_emulates,
             "lookups": c.lookups,
+            "skipped_lookups": c.skipped_lookups,
             "loaded_tokens": dict(c.loaded_tokens),
             "stored_slices": c.stored_slices,
             "store_failures": c.store_failures,

@@ -133,5 +133,8 @@ def test_reused_kv_comes_back_from_tierd_arena_then_array(stack: Stack) -> None:
         fourth = engine.post("/v1/chat/completions", json=body).json()
         assert fourth["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
         assert tier_loaded(engine, "l2") + tier_loaded(engine, "array") == loaded
+        tiers = engine.get("/stats").json()["tiers"]
+        assert tiers["skipped_lookups"] >= 1 and tiers["corrupt"] == 0
+        assert tiers["stored_slices"] >= len(chain)
         stats = tierd.get("/v1/stats").json()
         assert stats["corrupt"] == {} or not any(stats["corrupt"].values())
