@@ -93,7 +93,7 @@ def wait_stored(tierd: httpx.Client, chain: list[int]) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def test_reused_kv_comes_back_from_tierd_arena_then_array(stack: Stack) -> None:
+def test_reused_kv_comes_back_from_tierd_arena_array_and_snapshot(stack: Stack) -> None:
     body = request("The world state of the zone Saltmere, with storms from the west. " * 40)
     chain = chain_of(body)
     assert len(chain) >= 10
@@ -127,6 +127,18 @@ def test_reused_kv_comes_back_from_tierd_arena_then_array(stack: Stack) -> None:
         third = engine.post("/v1/chat/completions", json=body).json()
         assert third["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
         assert tier_loaded(engine, "array") > 0
+
+        # only in a cold snapshot: loaded from there
+        snap = tierd.post("/v1/snapshot", json={"hashes": chain, "wait": True})
+        assert snap.status_code == 200, snap.text
+        tierd.post("/v1/evict", json={"hashes": None, "tier": "GPU"})
+        tierd.post("/v1/evict", json={"hashes": None, "tier": "ARRAY"})
+        where = tierd.post("/v1/lookup", json={"hashes": chain}).json()
+        assert where["available"] == len(chain) and set(where["tiers"]) == {"SNAPSHOT"}
+        assert engine.post("/reset_prefix_cache").status_code == 200
+        cold = engine.post("/v1/chat/completions", json=body).json()
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+        assert tier_loaded(engine, "l3") > 0
 
         # an HBM hit needs no tier at all
         loaded = tier_loaded(engine, "l2") + tier_loaded(engine, "array")
