@@ -55,12 +55,11 @@ class ArrayDir:
         self.direct_reason = "not probed"
         self.quarantine_dir = root / "quarantine"
         self._seq = itertools.count()
-        root.mkdir(parents=True, exist_ok=True)
-        self.quarantine_dir.mkdir(exist_ok=True)
 
     def probe(self) -> bool:
-        """Use O_DIRECT for reads if this directory's filesystem takes it (no page-cache
-        copy, and parallel reads of many small files go faster; see `tierd bench`)."""
+        """Create the directory; use O_DIRECT for reads if its filesystem takes it (no
+        page-cache copy, and parallel reads of many small files go faster; `tierd bench`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
         self.direct, self.direct_reason = probe_direct(self.root)
         return self.direct
 
@@ -87,7 +86,7 @@ class ArrayDir:
         chunks: list[bytes] = []
         for meta, payload in items:
             final = self.path(meta.hash)
-            final.parent.mkdir(exist_ok=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
             tag = f"{final.stem}-{os.getpid()}-{next(self._seq)}"
             temps.append(final.parent / f"{TEMP_PREFIX}{tag}")
             finals.append(final)
@@ -146,6 +145,7 @@ class ArrayDir:
 
     def quarantine(self, h: int) -> None:
         src = self.path(h)
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         dst = self.quarantine_dir / f"{src.name}.{time.time_ns()}"
         with contextlib.suppress(FileNotFoundError):
             os.replace(src, dst)
@@ -159,6 +159,7 @@ class ArrayDir:
         Only the header is checked here (payloads are verified on every read); files whose
         header is bad or whose size disagrees with it are quarantined.
         """
+        self.root.mkdir(parents=True, exist_ok=True)
         found: dict[int, SliceMeta] = {}
         bad: list[int] = []
         removed = 0

@@ -62,8 +62,6 @@ class SnapshotDir:
         self.root = root
         self.level = level
         self.quarantine_dir = root / "quarantine"
-        root.mkdir(parents=True, exist_ok=True)
-        self.quarantine_dir.mkdir(exist_ok=True)
 
     def write(self, snap_id: str, items: list[tuple[SliceMeta, bytes]]) -> Snapshot:
         raw = bytearray()
@@ -73,6 +71,7 @@ class SnapshotDir:
             raw += encode_header(meta)
             raw += payload
         obj = zstandard.ZstdCompressor(level=self.level).compress(bytes(raw))
+        self.root.mkdir(parents=True, exist_ok=True)
         tag = f"{os.getpid()}-{time.time_ns()}"
         obj_path = self.root / f"{snap_id}.zst"
         tmp_obj = self.root / f".tmp-{snap_id}.zst-{tag}"
@@ -119,6 +118,7 @@ class SnapshotDir:
 
     def quarantine(self, snap_id: str) -> None:
         stamp = time.time_ns()
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         for suffix in (".json", ".zst"):
             src = self.root / f"{snap_id}{suffix}"
             with contextlib.suppress(FileNotFoundError):
@@ -130,6 +130,7 @@ class SnapshotDir:
 
     def scan(self, temp_grace_s: float) -> tuple[list[Snapshot], int]:
         """Manifests found (with their object present) and leftover files removed."""
+        self.root.mkdir(parents=True, exist_ok=True)
         snaps: list[Snapshot] = []
         removed = 0
         now = time.time()
