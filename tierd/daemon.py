@@ -64,9 +64,27 @@ class Daemon:
             self.store.expire_sessions()
 
     def _opened(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
             self.open_error = repr(task.exception())
             log.error("rebuilding the tier indexes failed: %s", self.open_error)
+            return
+        st = self.store
+        log.info(
+            "tierd %s ready: L1 %d slots of %d bytes (%s), array %s (%d slices recovered, "
+            "o_direct %s), snapshots %s (%d slices recovered), %d corrupt quarantined",
+            self.settings.instance_id,
+            st.l1.slots,
+            st.l1.slot_bytes,
+            st.l1.backend,
+            self.settings.array_dir,
+            st.counters.recovered["array"],
+            st.array.direct,
+            self.settings.snapshot_dir,
+            st.counters.recovered["snapshot"],
+            st.counters.corrupt["array"],
+        )
 
     async def wait_ready(self) -> None:
         """Until the indexes are rebuilt (raises what rebuilding raised)."""

@@ -4,6 +4,7 @@ settings and run the API under uvicorn until SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,16 +49,46 @@ def settings_from_args(args: argparse.Namespace) -> TierdSettings:
     return TierdSettings(**given)
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts, level, logger, msg (and exc when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure_logging(level: str) -> None:
+    """Every logger, uvicorn's included, through one JSON-lines handler on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    configure_logging(args.log_level)
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        log_config=None,
+        access_log=False,
     )
     uvicorn.Server(config).run()
     return 0

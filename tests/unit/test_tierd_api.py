@@ -95,3 +95,18 @@ async def test_put_get_hint_snapshot_and_metrics(
     assert 'tierd_hits_total{instance="api-test",tier="l1"} 3.0' in text
     assert 'tierd_tier_slices{instance="api-test",tier="snapshot"} 3.0' in text
     assert "tierd_bytes_moved_total" in text and "tierd_evictions_total" in text
+
+
+def test_serve_flags_override_env_twins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tierd.serve import build_parser, settings_from_args
+
+    monkeypatch.setenv("WARMGATE_TIERD__L1_BYTES", "12345678")
+    monkeypatch.setenv("WARMGATE_TIERD__POOL", "from-env")
+    monkeypatch.setenv("WARMGATE_TIERD__INSTANCE_ID", "env-id")
+    args = build_parser().parse_args(
+        ["--port", "9", "--array-dir", str(tmp_path), "--instance-id", "flag-id", "--fsync"]
+    )
+    s = settings_from_args(args)
+    assert (s.port, s.l1_bytes, s.pool, s.instance_id) == (9, 12345678, "from-env", "flag-id")
+    assert s.array_dir == tmp_path and s.fsync is True
+    assert settings_from_args(build_parser().parse_args([])).fsync is False
