@@ -1,0 +1,64 @@
+"""sim.engine.tiers: the chain it names slices by, block spans, and what it charges."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.blocks import chain_seed, hash_blocks
+from sim.engine.tiers import TierBackend, TierPlan, payload_for
+from sim.profiles import get_profile
+
+PROFILE = get_profile("qwen2.5-32b-h200")
+
+
+def test_payload_is_deterministic_and_names_its_slice() -> None:
+    a = payload_for(12345, 100)
+    assert len(a) == 100 and a == payload_for(12345, 100)
+    assert a != payload_for(12346, 100)
+
+
+def test_block_spans_cover_the_prompt_in_order() -> None:
+    plan = TierPlan(chain=[1, 2, 3], tokens_per_block=63.5, prompt_tokens=200)
+    ends = [plan.block_end(j) for j in range(3)]
+    assert ends == [63, 127, 190]
+    assert TierPlan([1], 80.0, 50).block_end(0) == 50  # never past the prompt
+
+
+async def test_chain_is_the_gateways_approximate_chain() -> None:
+    backend = TierBackend(
+        "http://127.0.0.1:1", PROFILE, "m", time_scale=1.0, block_tokens=16, block_chars=256
+    )
+    try:
+        text = "x" * 1000
+        plan = backend.plan(text, prompt_tokens=250, cache_salt="s", session="p1")
+        assert plan.chain == hash_blocks(text, seed=chain_seed("m", "s"), block_chars=256)
+        assert len(plan.chain) == 3 and plan.tokens_per_block == pytest.approx(64.0)
+        assert plan.session == "p1"
+    finally:
+        await backend.close()
+
+
+async def test_bandwidths_charged_with_and_without_tierd_emulation() -> None:
+    backend = TierBackend("http://127.0.0.1:1", PROFILE, "m", time_scale=1.0, block_tokens=16)
+    try:
+        bw = PROFILE.bandwidths
+        assert backend.bandwidth("GPU") == bw.l2_to_l1
+        assert backend.bandwidth("ARRAY") == bw.array_to_l1
+        assert backend.bandwidth("SNAPSHOT") == bw.l3_to_l1
+        backend.tierd_emulates = True  # tierd sleeps array and snapshot links itself
+        assert backend.bandwidth("GPU") == bw.l2_to_l1
+        assert backend.bandwidth("ARRAY") is None and backend.bandwidth("SNAPSHOT") is None
+    finally:
+        await backend.close()
+
+
+async def test_unreachable_tierd_loads_nothing() -> None:
+    backend = TierBackend("http://127.0.0.1:1", PROFILE, "m", time_scale=1.0, block_tokens=16)
+    try:
+        await backend.start()  # only warns
+        plan = backend.plan("y" * 2000, prompt_tokens=500, cache_salt=None, session=None)
+        await backend.fetch(plan, hbm_tokens=0)
+        assert plan.loaded_tokens == 0 and plan.loaded_until == 0
+        assert backend.counters.fetch_failures == 1
+    finally:
+        await backend.close()
