@@ -62,21 +62,26 @@ static PyObject *wg_gpu_copy(wg_mem *dst, const size_t *doffs, wg_mem *src, cons
     }
     void **dsts = PyMem_Malloc(sizeof(void *) * (n ? n : 1));
     const void **srcs = PyMem_Malloc(sizeof(void *) * (n ? n : 1));
+    size_t *lens = PyMem_Malloc(sizeof(size_t) * (n ? n : 1));
     size_t total = 0;
     PyObject *result = NULL;
-    if (dsts == NULL || srcs == NULL) {
+    if (dsts == NULL || srcs == NULL || lens == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    size_t k = 0; /* zero-size slices are dropped: runtimes may refuse them in a batch */
     for (size_t i = 0; i < n; i++) {
-        dsts[i] = dst->base + doffs[i];
-        srcs[i] = src->base + soffs[i];
+        if (sizes[i] == 0)
+            continue;
+        dsts[k] = dst->base + doffs[i];
+        srcs[k] = src->base + soffs[i];
+        lens[k++] = sizes[i];
         total += sizes[i];
     }
     int used = 0;
     if (other)
         other->busy++;
-    int rc = n ? wg_device_copy(owner, dsts, srcs, sizes, n, &used) : 0;
+    int rc = k ? wg_device_copy(owner, dsts, srcs, lens, k, &used) : 0;
     if (other)
         other->busy--;
     if (rc == 0)
@@ -84,6 +89,7 @@ static PyObject *wg_gpu_copy(wg_mem *dst, const size_t *doffs, wg_mem *src, cons
 done:
     PyMem_Free(dsts);
     PyMem_Free(srcs);
+    PyMem_Free(lens);
     return result;
 }
 
