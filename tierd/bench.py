@@ -134,6 +134,11 @@ def run(slices: int, slice_bytes: int, directory: Path, repeat: int) -> dict[str
         "directory": str(directory),
         "implementation": native.IMPLEMENTATION,
         "backend": selected,
+        "flags": {
+            k: v
+            for k, v in native.backends()[selected].items()
+            if k in {"crc32c_hw", "o_direct", "threads", "copy_threads_max", "io_threads_max"}
+        },
         "backends": native.backends(),
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
