@@ -6,7 +6,7 @@ session's current turn. A session keeps its last two turns; the slices in them a
 protected from L1 eviction. Protection is bounded so it can never wedge the store:
 sessions idle longer than `ttl_s` lose it, at most `max_sessions` are tracked (least
 recently active dropped first), and the store caps the protected share of L1 (it calls
-`shed_oldest` until the protected count fits).
+`shed_oldest` until the protected slices in L1 fit).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ class SessionTracker:
     @property
     def protected_count(self) -> int:
         return len(self._refs)
+
+    def count_protected(self, where: Callable[[int], bool]) -> int:
+        """How many protected slices satisfy `where` (e.g. are in L1)."""
+        return sum(1 for h in self._refs if where(h))
 
     def is_protected(self, h: int) -> bool:
         return h in self._refs

@@ -188,14 +188,12 @@ class TieredStore:
         try:
             async with self._room:
                 self.expire_sessions()
-                cap = int(self.settings.protect_fraction * self.l1.slots)
-                while self.sessions.protected_count > cap and self.sessions.shed_oldest():
-                    pass
                 while len(slots) < n:
                     slot = self.l1.reserve()
                     if slot is not None:
                         slots.append(slot)
                         continue
+                    self._cap_protection()
                     victims = self._pick_victims(n - len(slots))
                     if not victims:
                         break
@@ -205,6 +203,14 @@ class TieredStore:
                 self.l1.release(s)
             raise
         return slots
+
+    def _cap_protection(self) -> None:
+        """Protected slices may hold at most `protect_fraction` of L1 (counted among the
+        slices actually in L1); past that, the least recently active sessions yield."""
+        cap = int(self.settings.protect_fraction * self.l1.slots)
+        while self.sessions.count_protected(self.l1.__contains__) > cap:
+            if not self.sessions.shed_oldest():
+                return
 
     def _pick_victims(self, need: int) -> list[int]:
         """LRU-K victims not protected; if only protected ones are left, protection yields,

@@ -246,3 +246,20 @@ def test_emulation_charges_the_real_model_size() -> None:
     fast = Emulator("qwen2.5-32b-h200", array_gbps=25.0)
     assert fast.array.bytes_per_s == 25e9
     assert Emulator(None).charged_bytes(1000, 16) == 1000
+
+
+async def test_protection_yields_past_its_share_of_l1_oldest_session_first(
+    tmp_path: Path,
+) -> None:
+    async with running(make_settings(tmp_path, protect_fraction=0.5)) as d:  # 8 slots, cap 4
+        big = [201, 202, 203, 204, 205, 206]
+        await put_chain(d, big, session=None)
+        await d.prefetcher.prefetch(big, 1.0, session="big")
+        await put_chain(d, [301], session=None)
+        await d.prefetcher.prefetch([301], 1.0, session="small")
+        for h in range(400, 410):
+            await d.store.put(h, data_of(h))
+            assert await d.loader.get(h) == data_of(h)
+        assert 301 in d.store.l1  # the recent dialogue keeps its protection
+        assert not any(h in d.store.l1 for h in big)  # the big, older one yielded
+        assert not d.store.sessions.is_protected(201)
