@@ -1,6 +1,7 @@
 """Health of each instance: a background loop GETs every instance's `/health` each interval;
 `failure_threshold` consecutive failures take it out of the candidate set,
-`success_threshold` consecutive successes bring it back. Failures the proxy sees (connection
+`success_threshold` consecutive successes bring it back (a newly configured instance joins
+on its first good check). Failures the proxy sees (connection
 refused, 5xx) count too, so a dead instance leaves the set without waiting for the loop.
 Instances configured without a model list get theirs from the engine's `/v1/models`."""
 
@@ -103,7 +104,9 @@ class HealthChecker:
         h.consecutive_successes += 1
         h.last_check = time.time()
         h.last_latency_s = latency_s
-        if not h.healthy and h.consecutive_successes >= self._settings.success_threshold:
+        # a new instance joins on its first good check; a failed one must prove itself
+        needed = 1 if h.state == "unknown" else self._settings.success_threshold
+        if not h.healthy and h.consecutive_successes >= needed:
             self._set(h, "healthy", f"{h.consecutive_successes} consecutive health checks passed")
 
     def record_failure(self, instance_id: str, reason: str) -> None:

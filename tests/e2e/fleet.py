@@ -79,6 +79,14 @@ class Fleet:
         self.gateway: ManagedProcess | None = None
 
     def start(self) -> Fleet:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # never leave processes (or their log files) behind
+            raise
+        return self
+
+    def _start(self) -> None:
         for e in self.engines:
             e.start()
         for e in self.engines:
@@ -95,7 +103,6 @@ class Fleet:
             python_module("gateway.serve", "--config", str(path)), self.tmp / "gateway.log"
         )
         self.gateway.wait_http(f"{self.base}/livez", timeout_s=60)
-        return self
 
     def stop(self) -> None:
         if self.gateway is not None:
