@@ -2,9 +2,10 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions` (plain and SSE), `GET /v1/models`,
 `GET /health`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
-`POST /reset_prefix_cache`. Every response carries `x-engine-instance`; `x-request-id` is
-echoed. A client that goes away (stream closed, or disconnect while waiting for a full
-response) aborts its request, which frees its batch slot and KV blocks.
+`POST /reset_prefix_cache`, `GET /stats`, and SGLang's info routes (`sim.engine.compat`).
+Every response carries `x-engine-instance`; `x-request-id` is echoed. A client that goes
+away (stream closed, or disconnect while waiting for a full response) aborts its request,
+which frees its batch slot and KV blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sim.engine.compat import add_sglang_routes
 from sim.engine.config import EngineConfig
 from sim.engine.core import ChatPrompt, Engine, Prompt
 from sim.engine.openai_api import (
@@ -230,6 +232,7 @@ def create_app(config: EngineConfig) -> FastAPI:
         ok = engine_of(request).cache.reset()
         return Response(status_code=200 if ok else 409)
 
+    add_sglang_routes(app, engine_of)
     app.add_middleware(InstanceHeader, instance_id=config.instance_id)
     return app
 

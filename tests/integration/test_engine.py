@@ -84,6 +84,14 @@ def test_health_models_and_instance_header(client: httpx.Client) -> None:
     assert models["data"][0]["max_model_len"] > 0
 
 
+def test_sglang_info_routes_for_smg(client: httpx.Client) -> None:
+    info = client.get("/get_server_info").json()
+    assert info["served_model_name"] == MODEL and info["page_size"] == 16
+    assert client.get("/get_model_info").json()["is_generation"] is True
+    (load,) = client.get("/get_load").json()
+    assert load["num_reqs"] >= 0 and load["num_waiting_reqs"] >= 0
+
+
 def test_request_id_is_echoed_and_names_the_completion(client: httpx.Client) -> None:
     r = client.post(
         "/v1/chat/completions",
