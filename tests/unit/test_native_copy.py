@@ -239,3 +239,43 @@ def test_concurrent_batches_from_many_threads(impl: ModuleType) -> None:
         assert list(pool.map(work, dsts)) == [3 * (8 << 20)] * 4
     for dst in dsts:
         assert dst[: 1 << 20] == memoryview(src)[7 << 20 :]
+
+
+def brute_force_overlap(
+    doffs: list[int], soffs: list[int] | None, sizes: list[int], shift: int
+) -> bool:
+    """O(n^2) reference: any two destinations, or a destination and a source (`shift` bytes
+    apart in the same memory), share a byte."""
+    dst = [(d, d + n) for d, n in zip(doffs, sizes, strict=True) if n]
+    if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(dst) for b in dst[i + 1 :]):
+        return True
+    if soffs is None:
+        return False
+    src = [(s + shift, s + shift + n) for s, n in zip(soffs, sizes, strict=True) if n]
+    return any(a[0] < b[1] and b[0] < a[1] for a in dst for b in src)
+
+
+@pytest.mark.parametrize("shift", [0, 37])
+def test_overlap_decisions_match_brute_force(impl: ModuleType, shift: int) -> None:
+    """Random small batches within one arena: refused exactly when the reference says so."""
+    rng = random.Random(100 + shift)
+    arena = impl.HostArena(400)
+    view = memoryview(arena)
+    dst_view, src_view = view[shift:], view
+    refused = accepted = 0
+    for _ in range(300):
+        n = rng.randint(1, 6)
+        sizes = [rng.randint(0, 12) for _ in range(n)]
+        doffs = [rng.randint(0, 300) for _ in range(n)]
+        soffs = [rng.randint(0, 300) for _ in range(n)]
+        expect = brute_force_overlap(doffs, soffs, sizes, -shift)
+        try:
+            impl.copy_batch(dst_view, doffs, src_view, soffs, sizes)
+            accepted += 1
+            assert not expect, (doffs, soffs, sizes)
+        except ValueError:
+            refused += 1
+            assert expect, (doffs, soffs, sizes)
+    assert refused > 20 and accepted > 20  # both outcomes were exercised
+    del dst_view, src_view
+    view.release()
