@@ -6,7 +6,8 @@ tierd cannot import `sim`, so it keeps a small table of its own with the same nu
 A slice put with a token count is charged tokens × KV bytes per token; without one, its
 payload length. Each tier is one link: transfers queue on it (start = max(now, busy until),
 busy until += bytes ÷ bandwidth), so concurrent loads share the bandwidth as a real link
-does; the caller sleeps (cancellably) until its transfer's end. Flags `--array-gbps` and
+does; the caller sleeps (cancellably) until its transfer's end; a transfer cancelled with
+nothing queued behind it hands its unused time back. Flags `--array-gbps` and
 `--snapshot-gbps` override a profile's figures (or give them without a profile).
 """
 
@@ -56,13 +57,26 @@ class Link:
         self.bytes_per_s = bytes_per_s
         self._busy_until = 0.0
 
+    @property
+    def busy_until(self) -> float:
+        """When the transfers queued so far will be done (time.monotonic() clock)."""
+        return self._busy_until
+
     async def transfer(self, nbytes: int) -> None:
         if self.bytes_per_s <= 0 or nbytes <= 0:
             return
         now = time.monotonic()
         start = max(now, self._busy_until)
-        self._busy_until = start + nbytes / self.bytes_per_s
-        await asyncio.sleep(self._busy_until - now)
+        end = start + nbytes / self.bytes_per_s
+        self._busy_until = end
+        try:
+            await asyncio.sleep(end - now)
+        except asyncio.CancelledError:
+            # an abandoned transfer stops using the link: give back its unused time
+            # when nothing was queued behind it
+            if self._busy_until == end:
+                self._busy_until = max(start, time.monotonic())
+            raise
 
 
 class Emulator:

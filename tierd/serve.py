@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--array-dir", type=Path, help="array directory (may be shared)")
     p.add_argument("--array-bytes", type=int, help="array capacity of our own (0: none)")
     p.add_argument("--snapshot-dir", type=Path)
+    p.add_argument("--snapshot-bytes", type=int, help="snapshot capacity (0: none)")
+    p.add_argument("--session-ttl-s", type=float, help="idle dialogue: protection ends")
     p.add_argument("--fsync", action="store_true", default=None, help="fsync array writes")
     p.add_argument("--emulate", choices=sorted(PROFILES), help="charge real-model load times")
     p.add_argument("--array-gbps", type=float, help="emulated array→L1 GB/s (overrides)")

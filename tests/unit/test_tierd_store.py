@@ -4,7 +4,9 @@ deadlines, single-flight loads, snapshots and restart recovery."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -263,3 +265,15 @@ async def test_protection_yields_past_its_share_of_l1_oldest_session_first(
         assert 301 in d.store.l1  # the recent dialogue keeps its protection
         assert not any(h in d.store.l1 for h in big)  # the big, older one yielded
         assert not d.store.sessions.is_protected(201)
+
+
+async def test_cancelled_emulated_transfer_hands_its_link_time_back() -> None:
+    from tierd.emulation import Link
+
+    link = Link(1000.0)  # 1 kB/s
+    task = asyncio.create_task(link.transfer(1_000_000))  # would hold the link 1000 s
+    await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert link.busy_until <= time.monotonic()  # the next transfer is not queued behind it
