@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -132,8 +133,9 @@ def create_app(config: EngineConfig) -> FastAPI:
         await engine.load_from_tiers(seq)
         engine.submit(seq)
         if params.stream:
-            return StreamingResponse(
-                _stream(engine, seq, shape, params),
+            return AbortingStream(
+                _stream(seq, shape, params),
+                on_close=partial(engine.abort, seq),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
@@ -237,25 +239,37 @@ def create_app(config: EngineConfig) -> FastAPI:
     return app
 
 
+class AbortingStream(StreamingResponse):
+    """A streamed response that calls `on_close` however it ends: finished, client gone
+    (even before the first frame), or cancelled."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kw: Any):
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
 async def _stream(
-    engine: Engine, seq: Sequence, shape: ResponseShape, params: GenerationParams
+    seq: Sequence, shape: ResponseShape, params: GenerationParams
 ) -> AsyncIterator[bytes]:
-    """SSE frames of one request; aborts the request if the client goes away."""
-    try:
-        first = True
-        while True:
-            out = await seq.queue.get()
-            if first and shape.chat:
-                yield sse(shape.chunk("", None, first=True, with_usage_field=params.include_usage))
-            first = False
-            if out.text or out.finish_reason is not None:
-                yield sse(
-                    shape.chunk(out.text, out.finish_reason, with_usage_field=params.include_usage)
-                )
-            if out.finish_reason is not None:
-                break
-        if params.include_usage:
-            yield sse(shape.usage_chunk(usage(seq.prompt_len, len(seq.output_ids), seq.num_cached)))
-        yield SSE_DONE
-    finally:
-        engine.abort(seq)
+    """SSE frames of one request (`AbortingStream` aborts it if the client goes away)."""
+    first = True
+    while True:
+        out = await seq.queue.get()
+        if first and shape.chat:
+            yield sse(shape.chunk("", None, first=True, with_usage_field=params.include_usage))
+        first = False
+        if out.text or out.finish_reason is not None:
+            yield sse(
+                shape.chunk(out.text, out.finish_reason, with_usage_field=params.include_usage)
+            )
+        if out.finish_reason is not None:
+            break
+    if params.include_usage:
+        yield sse(shape.usage_chunk(usage(seq.prompt_len, len(seq.output_ids), seq.num_cached)))
+    yield SSE_DONE
