@@ -101,6 +101,7 @@ class Daemon:
         for t in list(self._background):
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.loader.close()
         await self.snapshotter.close()
         await self.events.close()
         self.store.close()

@@ -49,6 +49,14 @@ class Loader:
     def in_flight(self) -> int:
         return len(self._flights)
 
+    async def close(self) -> None:
+        """Cancel every transfer still in flight and wait for them to end."""
+        tasks = {t.task for t in self._flights.values() if t.task is not None}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._flights.clear()
+
     async def plan(self, hashes: list[int]) -> tuple[list[Transfer], list[int]]:
         """Join or start the transfers that bring `hashes` into L1 (one waiter each);
         also return the hashes found in no tier."""

@@ -13,6 +13,7 @@ them. Byte moves run in threads (the native copies release the GIL).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 from tierd.native import DeviceArena, HostArena, backends, copy_batch
@@ -55,7 +56,10 @@ class L1Arena:
         self.used_bytes = 0
 
     def close(self) -> None:
-        self.arena.close()
+        """Release the arena; if a worker thread still copies from it (a transfer cancelled
+        at shutdown), leave it to the process exit rather than pull memory from under it."""
+        with contextlib.suppress(BufferError):
+            self.arena.close()
 
     def __contains__(self, h: object) -> bool:
         return h in self._entries
