@@ -277,3 +277,22 @@ async def test_cancelled_emulated_transfer_hands_its_link_time_back() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert link.busy_until <= time.monotonic()  # the next transfer is not queued behind it
+
+
+async def test_deadline_passing_on_a_shared_transfer_counts_late_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    # 1000 bytes over a 2 kB/s link: 0.5 s; another waiter (a get) holds the transfer
+    async with running(make_settings(tmp_path, array_gbps=2e-6)) as d:
+        await put_chain(d, [501])
+        await d.evict(None, ev.GPU)
+        transfers, missing = await d.loader.plan([501])  # the other waiter
+        assert len(transfers) == 1 and missing == []
+        out = await d.prefetcher.prefetch([501], 0.01)
+        assert out["late"] == 1 and out["abandoned"] == 0
+        try:
+            loaded = await d.loader.wait(transfers[0])
+        finally:
+            d.loader.release(transfers[0])
+        assert loaded[501] == data_of(501) and 501 in d.store.l1
+        assert d.store.counters.prefetch["late"] == 1
