@@ -50,19 +50,32 @@ def build_client(settings: Settings) -> httpx.AsyncClient:
     )
 
 
+def build_health_client(settings: Settings) -> httpx.AsyncClient:
+    """Health checks get their own small pool: a proxy pool full of long streams must
+    never make a healthy instance look dead."""
+    return httpx.AsyncClient(
+        timeout=settings.health.timeout_s,
+        limits=httpx.Limits(max_connections=max(4, 2 * len(settings.instances))),
+        trust_env=False,
+    )
+
+
 def build_state(settings: Settings) -> AppState:
     metrics = GatewayMetrics()
     client = build_client(settings)
-    return AppState(
+    health_client = build_health_client(settings)
+    state = AppState(
         settings=settings,
         client=client,
         metrics=metrics,
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
-        health=HealthChecker(settings.instances, settings.health, client, metrics),
+        health=HealthChecker(settings.instances, settings.health, health_client, metrics),
         router=build_router(settings.routing),
         prefetcher=Prefetcher(settings.instances, metrics, client, enabled=settings.tiers.prefetch),
         started_at=time.time(),
     )
+    state.closers.append(health_client.aclose)
+    return state
 
 
 async def _attach_extensions(state: AppState) -> None:

@@ -61,6 +61,8 @@ class SseRelay:
         if payload.strip() == b"[DONE]":
             self.saw_done = True
             return frame
+        if self.saw_content and b'"usage"' not in payload and b'"error"' not in payload:
+            return frame  # fast path: nothing left to learn from or strip in this chunk
         try:
             chunk = json.loads(payload)
         except ValueError:
