@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import msgpack
+import openai
 import pytest
 import zmq
 
@@ -215,6 +216,40 @@ def test_errors_are_openai_shaped(
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] == param and err["code"] == code and err["message"]
+
+
+def test_official_openai_sdk_works_against_it(engine: Engine) -> None:
+    client = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        done = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hail, stranger!"}], max_tokens=6
+        )
+        assert done.choices[0].message.content and done.usage is not None
+        assert done.usage.prompt_tokens_details is not None
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hail, stranger!"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == done.choices[0].message.content
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+        legacy = client.completions.create(model=MODEL, prompt="Once", max_tokens=4)
+        assert legacy.choices[0].finish_reason == "length"
+        assert [m.id for m in client.models.list()] == [MODEL]
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="gpt-nope", messages=[{"role": "user", "content": "x"}]
+            )
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x"}], n=2
+            )
+    finally:
+        client.close()
 
 
 def test_malformed_json_is_400(client: httpx.Client) -> None:
