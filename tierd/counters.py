@@ -35,18 +35,24 @@ class StoreCounters:
 
 
 class RateMeter:
-    """Bytes per second over the last `window` transfers (sum bytes ÷ sum seconds)."""
+    """A tier's throughput over its last `window` transfers: bytes ÷ time the tier was busy.
+
+    Transfers overlap (parallel reads, queued emulated links), so each one adds only the part
+    of its [start, end] interval not already covered by earlier ones; serial transfers give
+    the plain per-transfer rate, concurrent ones the aggregate rate, and idle gaps count for
+    nothing."""
 
     def __init__(self, window: int = 64) -> None:
         self._samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self._covered_until = 0.0
 
-    def record(self, nbytes: int, seconds: float) -> None:
-        if nbytes > 0 and seconds > 0:
-            self._samples.append((nbytes, seconds))
+    def record(self, nbytes: int, start: float, end: float) -> None:
+        busy = max(0.0, end - max(start, self._covered_until))
+        self._covered_until = max(self._covered_until, end)
+        if nbytes > 0:
+            self._samples.append((nbytes, busy))
 
     def rate(self) -> float | None:
-        if not self._samples:
-            return None
         total_b = sum(b for b, _ in self._samples)
         total_s = sum(s for _, s in self._samples)
         return total_b / total_s if total_s > 0 else None

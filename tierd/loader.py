@@ -168,7 +168,7 @@ class Loader:
             st.note_corrupt("array", corrupt)
         charged = sum(st.emulator.charged_bytes(m.length, m.tokens) for m, _ in good)
         await st.emulator.array.transfer(charged)
-        st.meters["array"].record(charged, time.monotonic() - t0)
+        st.meters["array"].record(charged, t0, time.monotonic())
         st.counters.bytes_moved["array_to_l1"] += sum(m.length for m, _ in good)
         for m, _ in good:
             st.array_add(m.hash, m)
@@ -197,7 +197,7 @@ class Loader:
         st.touch_snapshot(sid)
         charged = sum(st.emulator.charged_bytes(m.length, m.tokens) for m, _ in items)
         await st.emulator.snapshot.transfer(charged)
-        st.meters["snapshot"].record(charged, time.monotonic() - t0)
+        st.meters["snapshot"].record(charged, t0, time.monotonic())
         st.counters.bytes_moved["snapshot_to_l1"] += sum(m.length for m, _ in items)
         wanted = set(hashes)
         first = [it for it in items if it[0].hash in wanted]

@@ -127,3 +127,17 @@ def test_sessions_shed_oldest_first() -> None:
     assert not tr.is_protected(1)
     assert tr.shed_oldest()
     assert not tr.is_protected(2) and tr.is_protected(3)
+
+
+def test_rate_meter_counts_overlapping_transfers_once() -> None:
+    from tierd.counters import RateMeter
+
+    m = RateMeter()
+    assert m.rate() is None
+    m.record(100, 0.0, 1.0)  # serial: 100 B/s
+    assert m.rate() == 100.0
+    m.record(100, 0.5, 1.5)  # overlaps the first by half: adds 0.5 s busy
+    m.record(100, 1.0, 1.5)  # fully covered: adds nothing
+    assert m.rate() == 300 / 1.5
+    m.record(300, 10.0, 11.0)  # an idle gap before it does not count
+    assert m.rate() == 600 / 2.5
