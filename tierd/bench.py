@@ -14,8 +14,10 @@ Figures (GB/s = 1e9 bytes/s, best of `--repeat` runs):
   read run (fdatasync + posix_fadvise(DONTNEED) per file, `drop_page_cache`), so each run
   reads from the device. ``parallel_read_speedup`` = file_read / file_read_baseline.
 - ``checksum_gbps``: `crc32c_batch` over the same slices.
-The report names the backend that ran and its flags. Then `tierd.bench_store` measures
-how fast a dialogue's chain comes back into L1 through the store itself.
+The report names the backend that ran and its flags; ``device`` holds H2D / D2H / D2D
+figures of each usable GPU backend (`tierd.native.device_check`), empty without one.
+Then `tierd.bench_store` measures how fast a dialogue's chain comes back into L1 through
+the store itself.
 """
 
 from __future__ import annotations
@@ -145,6 +147,22 @@ def run(slices: int, slice_bytes: int, directory: Path, repeat: int) -> dict[str
     }
 
 
+def _device_figures(slices: int, slice_bytes: int, repeat: int) -> dict[str, Any]:
+    """H2D / D2H / D2D copy_batch figures of every usable GPU backend (none here: {})."""
+    from tierd.native.device_check import check_extension
+
+    out: dict[str, Any] = {}
+    for name, row in native.backends().items():
+        if name in {"cuda", "hip"} and row["usable"]:
+            try:
+                figures = check_extension(name, slices, slice_bytes, repeat)
+                figures.pop("backends", None)
+                out[name] = figures
+            except (RuntimeError, ValueError, OSError) as exc:
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tierd bench", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, help="write the report here (and print it)")
@@ -164,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="tierd-bench-", dir=parent))
     try:
         report = run(args.slices, args.slice_bytes, directory, max(1, args.repeat))
+        report["device"] = _device_figures(args.slices, args.slice_bytes, max(1, args.repeat))
         if args.chain_slices > 0:
             report.update(
                 asyncio.run(
