@@ -56,7 +56,7 @@ def add_sglang_routes(app: FastAPI, engine_of: Callable[[Request], Engine]) -> N
     @app.get("/get_load")
     async def get_load(request: Request) -> list[dict[str, Any]]:
         engine = engine_of(request)
-        running, waiting, _ = engine.scheduler.gauges()
+        running, waiting, _ = engine.gauges()
         used = engine.cache.used_blocks * engine.cache.block_tokens
         return [
             {

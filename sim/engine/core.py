@@ -90,7 +90,8 @@ class Engine:
                 block_chars=config.tier_block_chars,
                 payload_bytes_per_token=config.tier_payload_bytes_per_token,
             )
-        self.metrics = EngineMetrics(config.model, self.scheduler.gauges)
+        self.loading = 0  # requests fetching their KV from tierd, not yet queued
+        self.metrics = EngineMetrics(config.model, self.gauges)
         self.scheduler.metrics = self.metrics
         self._task: asyncio.Task[None] | None = None
 
@@ -109,6 +110,12 @@ class Engine:
         if self.publisher is not None:
             self.publisher.close()
 
+    def gauges(self) -> tuple[int, int, float]:
+        """Running, waiting (queued or loading KV, as vLLM counts WAITING_FOR_REMOTE_KVS),
+        KV usage."""
+        running, waiting, usage = self.scheduler.gauges()
+        return running, waiting + self.loading, usage
+
     def stats(self) -> dict[str, Any]:
         """What this engine has done and holds (not a vLLM route; for benchmarks)."""
         s, c = self.scheduler, self.cache
@@ -121,6 +128,7 @@ class Engine:
             "steps": s.steps,
             "running": len(s.running),
             "waiting": len(s.waiting),
+            "loading": self.loading,
             "kv": {
                 "block_tokens": c.block_tokens,
                 "blocks": c.num_blocks,
@@ -226,7 +234,11 @@ class Engine:
         bs = self.config.block_tokens
         max_hit = (seq.prompt_len - 1) // bs
         hbm_tokens = self.cache.longest_hit(seq.prompt_hashes[:max_hit]) * bs
-        await self.tiers.fetch(plan, hbm_tokens)
+        self.loading += 1
+        try:
+            await self.tiers.fetch(plan, hbm_tokens)
+        finally:
+            self.loading -= 1
         seq.preloaded_until = plan.loaded_until
         for tier, n in plan.loaded_by_tier.items():
             self.metrics.on_tier_load(tier, n)
