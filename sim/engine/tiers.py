@@ -112,12 +112,14 @@ class TierBackend:
             return
         emulation = stats.get("emulation") or {}
         self.tierd_emulates = bool(emulation.get("profile") or emulation.get("array_bytes_per_s"))
-        if self.tierd_emulates and self.time_scale != 1.0:
+        tierd_scale = float(emulation.get("time_scale") or 1.0)
+        if self.tierd_emulates and abs(tierd_scale - self.time_scale) > 1e-12:
             log.warning(
-                "tierd emulates link time in real time while this engine runs at time scale "
-                "%g: array and snapshot loads weigh 1/%g more than compute",
+                "tierd emulates link time at time scale %g while this engine runs at %g: "
+                "array and snapshot loads weigh %gx what they should against compute",
+                tierd_scale,
                 self.time_scale,
-                self.time_scale,
+                tierd_scale / self.time_scale if self.time_scale else float("inf"),
             )
 
     async def close(self) -> None:
