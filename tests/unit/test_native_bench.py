@@ -20,7 +20,7 @@ KEYS = (
 
 def test_bench_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    args = ["--slices", "16", "--slice-bytes", "12288", "--repeat", "1"]
+    args = ["--slices", "16", "--slice-bytes", "12288", "--repeat", "1", "--chain-slices", "8"]
     args += ["--dir", str(tmp_path), "--json", str(out)]
     proc = subprocess.run(
         [sys.executable, "-m", "tierd.cli", "bench", *args],
@@ -38,4 +38,6 @@ def test_bench_writes_every_figure(tmp_path: Path) -> None:
     assert report["implementation"] in {"c", "python"}
     assert isinstance(report["o_direct"], bool)
     assert report["backends"][report["backend"]]["selected"]
+    assert report["chain_slices"] == 8 and report["chain_corrupt_slices"] == 0
+    assert isinstance(report["device"], dict)
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # its temp dir is gone
