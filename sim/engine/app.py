@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -27,20 +27,17 @@ from sim.engine.compat import add_sglang_routes
 from sim.engine.config import EngineConfig
 from sim.engine.core import ChatPrompt, Engine, Prompt
 from sim.engine.openai_api import (
-    SSE_DONE,
     APIError,
-    GenerationParams,
     ResponseShape,
     bad,
     parse_json,
     parse_messages,
     parse_params,
-    parse_prompt,
+    parse_prompts,
     parse_tools,
-    sse,
-    usage,
 )
 from sim.engine.sequence import Sequence
+from sim.engine.streams import AbortingStream, collect, sse_frames, total_usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -74,20 +71,16 @@ class InstanceHeader:
         await self.app(scope, receive, send_with_header)
 
 
+def abort_all(engine: Engine, seqs: list[Sequence]) -> None:
+    for seq in seqs:
+        engine.abort(seq)
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def _collect(seq: Sequence) -> tuple[str, str | None]:
-    parts: list[str] = []
-    while True:
-        out = await seq.queue.get()
-        parts.append(out.text)
-        if out.finish_reason is not None:
-            return "".join(parts), out.finish_reason
 
 
 def create_app(config: EngineConfig) -> FastAPI:
@@ -121,40 +114,45 @@ def create_app(config: EngineConfig) -> FastAPI:
         body = parse_json(await request.body())
         params = parse_params(body, chat=chat)
         engine.check_model(params.model)
-        prompt: Prompt = (
-            ChatPrompt(parse_messages(body), parse_tools(body)) if chat else parse_prompt(body)
+        prompts: list[Prompt] = (
+            [ChatPrompt(parse_messages(body), parse_tools(body))]
+            if chat
+            else [*parse_prompts(body)]
         )
         if params.session is None:
             params.session = request.headers.get("x-session-id")
-        seq = await engine.prepare(params, prompt)
+        seqs = [await engine.prepare(params, p) for p in prompts]
         rid = request.headers.get("x-request-id")
         prefix = "chatcmpl" if chat else "cmpl"
         shape = ResponseShape(chat, params.model, f"{prefix}-{rid}" if rid else "")
-        await engine.load_from_tiers(seq)
-        engine.submit(seq)
+        await asyncio.gather(*(engine.load_from_tiers(s) for s in seqs))
+        try:
+            for seq in seqs:
+                engine.submit(seq)
+        except APIError:
+            abort_all(engine, seqs)
+            raise
         if params.stream:
             return AbortingStream(
-                _stream(seq, shape, params),
-                on_close=partial(engine.abort, seq),
+                sse_frames(seqs, shape, params.include_usage),
+                on_close=partial(abort_all, engine, seqs),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        collect = asyncio.ensure_future(_collect(seq))
+        done = asyncio.ensure_future(collect(seqs))
         disconnect = asyncio.ensure_future(_wait_disconnect(request))
         try:
-            await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({done, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             disconnect.cancel()
-            if not collect.done():
-                collect.cancel()
-                engine.abort(seq)
+            if not done.done():
+                done.cancel()
+                abort_all(engine, seqs)
             with contextlib.suppress(asyncio.CancelledError):
                 await disconnect
-        if collect.cancelled():
+        if done.cancelled():
             return Response(status_code=499)
-        text, reason = collect.result()
-        use = usage(seq.prompt_len, len(seq.output_ids), seq.num_cached)
-        return JSONResponse(shape.full(text, reason, use))
+        return JSONResponse(shape.full(done.result(), total_usage(seqs)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -237,39 +235,3 @@ def create_app(config: EngineConfig) -> FastAPI:
     add_sglang_routes(app, engine_of)
     app.add_middleware(InstanceHeader, instance_id=config.instance_id)
     return app
-
-
-class AbortingStream(StreamingResponse):
-    """A streamed response that calls `on_close` however it ends: finished, client gone
-    (even before the first frame), or cancelled."""
-
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kw: Any):
-        super().__init__(content, **kw)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-async def _stream(
-    seq: Sequence, shape: ResponseShape, params: GenerationParams
-) -> AsyncIterator[bytes]:
-    """SSE frames of one request (`AbortingStream` aborts it if the client goes away)."""
-    first = True
-    while True:
-        out = await seq.queue.get()
-        if first and shape.chat:
-            yield sse(shape.chunk("", None, first=True, with_usage_field=params.include_usage))
-        first = False
-        if out.text or out.finish_reason is not None:
-            yield sse(
-                shape.chunk(out.text, out.finish_reason, with_usage_field=params.include_usage)
-            )
-        if out.finish_reason is not None:
-            break
-    if params.include_usage:
-        yield sse(shape.usage_chunk(usage(seq.prompt_len, len(seq.output_ids), seq.num_cached)))
-    yield SSE_DONE

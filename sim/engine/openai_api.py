@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,19 +162,37 @@ def parse_tools(body: dict[str, Any]) -> list[Any] | None:
     return tools
 
 
-def parse_prompt(body: dict[str, Any]) -> str | list[int]:
-    """A completions prompt: a string, a list holding one string, or token ids."""
+def _token_ids(value: Any) -> list[int] | None:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    ):
+        return [int(t) for t in value]
+    return None
+
+
+MAX_BATCH_PROMPTS = 64
+
+
+def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """A completions `prompt`: a string, token ids, or a batch of either (one choice each)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt:
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return prompt[0]
-        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            return [int(t) for t in prompt]
+        return [prompt]
+    ids = _token_ids(prompt)
+    if ids is not None:
+        return [ids]
+    if isinstance(prompt, list) and 0 < len(prompt) <= MAX_BATCH_PROMPTS:
         if all(isinstance(p, str) for p in prompt):
-            raise bad("batched prompts are not supported: send one prompt", "prompt")
-    raise bad("'prompt' must be a string or a list of token ids", "prompt")
+            return list(prompt)
+        batch = [_token_ids(p) for p in prompt]
+        if all(b is not None for b in batch):
+            return [b for b in batch if b is not None]
+    raise bad(
+        f"'prompt' must be a string, token ids, or a list of up to {MAX_BATCH_PROMPTS} of either",
+        "prompt",
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -202,18 +221,23 @@ class ResponseShape:
         if not self.request_id:
             self.request_id = new_id("chatcmpl" if self.chat else "cmpl")
 
-    def full(self, text: str, finish_reason: str | None, use: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
-        else:
-            choice["text"] = text
+    def full(
+        self, choices: Sequence[tuple[str, str | None]], use: dict[str, Any]
+    ) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
+        for i, (text, finish_reason) in enumerate(choices):
+            choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": finish_reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+            else:
+                choice["text"] = text
+            out.append(choice)
         return {
             "id": self.request_id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": out,
             "usage": use,
         }
 
@@ -222,10 +246,15 @@ class ResponseShape:
         text: str,
         finish_reason: str | None,
         *,
+        index: int = 0,
         first: bool = False,
         with_usage_field: bool = False,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text or first:

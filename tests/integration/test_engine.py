@@ -168,6 +168,34 @@ def test_completions_plain_stream_and_token_ids(client: httpx.Client) -> None:
     assert by_ids["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_batched_completion_prompts_get_one_choice_each(client: httpx.Client) -> None:
+    prompts = ["The old tower", "The river keep at dusk", "A merchant of Saltmere"]
+    singles = [
+        client.post("/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": 5}).json()
+        for p in prompts
+    ]
+    req = {"model": MODEL, "prompt": prompts, "max_tokens": 5}
+    batch = client.post("/v1/completions", json=req).json()
+    assert [c["index"] for c in batch["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in batch["choices"]] == [s["choices"][0]["text"] for s in singles]
+    assert batch["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert batch["usage"]["completion_tokens"] == 15
+    stream_req = {**req, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=stream_req) as r:
+        events = sse_events(r)
+    texts = ["", "", ""]
+    finished = set()
+    for e in events[:-2]:
+        (choice,) = e["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"]:
+            finished.add(choice["index"])
+    assert texts == [c["text"] for c in batch["choices"]] and finished == {0, 1, 2}
+    assert events[-2]["usage"]["completion_tokens"] == 15
+    too_many = client.post("/v1/completions", json={"model": MODEL, "prompt": ["x"] * 65})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"
+
+
 def test_stop_strings_end_the_text_before_them(client: httpx.Client) -> None:
     req = chat("Sing me the ballad of the frost queen.", max_tokens=60)
     full = client.post("/v1/chat/completions", json=req).json()["choices"][0]["message"]
