@@ -64,8 +64,14 @@ class Exchange:
     def attempt_failed(self, instance: str, kind: str, message: str) -> None:
         """An attempt failed before the client got a byte (a fallback may follow)."""
         self.state.router.on_complete(
-            self.rr, self.decision, instance, ttft_s=None, reported_cached_tokens=None, ok=False
+            self.rr,
+            self.decision,
+            instance,
+            ttft_s=self.ttft_s,  # set when it failed after its first token (assembled answers)
+            reported_cached_tokens=None,
+            ok=False,
         )
+        self.ttft_s = None  # the next attempt measures its own
         self.state.metrics.upstream_errors.labels(instance, kind).inc()
         log.warning(
             "attempt on %s failed (%s): %s",

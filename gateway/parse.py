@@ -177,10 +177,13 @@ def parse_completion(body: dict[str, Any], session_header: str | None) -> Parsed
     return ParsedRequest(kind="completion", body=body, prompt_text=render_prompt(prompt), **common)
 
 
-def upstream_body(parsed: ParsedRequest) -> bytes:
-    """The body sent to the engine: the client's, with usage forced on for streams."""
+def upstream_body(parsed: ParsedRequest, stream_upstream: bool = False) -> bytes:
+    """The body sent to the engine: the client's, with usage forced on for streams (and a
+    stream asked for when `stream_upstream`, to be assembled for a non-streaming client)."""
     body = parsed.body
-    if parsed.stream:
+    if stream_upstream and not parsed.stream:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    elif parsed.stream:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body = {**body, "stream_options": options}

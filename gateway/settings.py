@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     state: StateSettings = Field(default_factory=StateSettings)
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
+    # Stream from the engine even for non-streaming clients (the answer is assembled): the
+    # gateway then sees TTFT and can fail over until the last byte.
+    stream_upstream: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     retry_after_s: int = Field(default=1, ge=0)  # Retry-After on 503 (no healthy instance)
     stats_window_s: float = Field(default=300.0, gt=0)  # TTFT percentiles over this window

@@ -14,6 +14,7 @@ Events that need no change are passed on as the exact bytes received.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ class SseRelay:
     """Incremental SSE inspector/rewriter for one upstream stream."""
 
     strip_usage: bool
+    on_chunk: Callable[[dict[str, Any]], None] | None = None  # sees every JSON chunk
     saw_content: bool = False
     saw_done: bool = False
     usage: dict[str, Any] | None = None
@@ -61,7 +63,12 @@ class SseRelay:
         if payload.strip() == b"[DONE]":
             self.saw_done = True
             return frame
-        if self.saw_content and b'"usage"' not in payload and b'"error"' not in payload:
+        if (
+            self.on_chunk is None
+            and self.saw_content
+            and b'"usage"' not in payload
+            and b'"error"' not in payload
+        ):
             return frame  # fast path: nothing left to learn from or strip in this chunk
         try:
             chunk = json.loads(payload)
@@ -74,6 +81,8 @@ class SseRelay:
             return frame
         if not self.saw_content and _has_content(chunk):
             self.saw_content = True
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = usage

@@ -235,3 +235,16 @@ def test_route_explain_is_a_dry_run(fleet: Fleet, client: httpx.Client) -> None:
     assert out["request"]["blocks"] > 0
     assert client.get("/admin/stats").json()["router"]["routed"] == before
     assert_openai_error(client.post("/admin/route/explain", json={"model": MODEL}), 400, "messages")
+
+
+def test_non_streaming_answers_are_assembled_and_timed(client: httpx.Client) -> None:
+    before = client.get("/admin/stats").json()["ttft_s"]["samples"]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "The gate", "max_tokens": 7})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 7
+    # the engine streamed it to the gateway: its first token was seen and timed
+    assert client.get("/admin/stats").json()["ttft_s"]["samples"] == before + 1
