@@ -142,3 +142,13 @@ def test_sdk_raises_api_error_mid_stream(fleet: Fleet) -> None:
             received.append(chunk.choices[0].delta.content or "")
     assert received == ["Hail"]
     client.close()
+
+
+@pytest.mark.parametrize("mode", ["cut-chunked", "cut-eof"])
+def test_non_streaming_client_never_gets_a_half_answer(fleet: Fleet, mode: str) -> None:
+    # the gateway streams from the engine and assembles; a cut stream is a failed attempt
+    # (there is no other instance here, so the client gets a retryable 502, not half a text)
+    r = httpx.post(f"{fleet.base}/v1/chat/completions", json=chat(mode))
+    assert r.status_code == 502
+    assert r.headers["x-should-retry"] == "true"
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
