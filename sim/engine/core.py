@@ -91,7 +91,13 @@ class Engine:
                 payload_bytes_per_token=config.tier_payload_bytes_per_token,
             )
         self.loading = 0  # requests fetching their KV from tierd, not yet queued
-        self.metrics = EngineMetrics(config.model, self.gauges)
+        cache_config = {
+            "block_size": str(config.block_tokens),
+            "num_gpu_blocks": str(self.cache.num_blocks),
+            "enable_prefix_caching": "True",
+            "prefix_caching_hash_algo": config.block_hash,
+        }
+        self.metrics = EngineMetrics(config.model, self.gauges, cache_config)
         self.scheduler.metrics = self.metrics
         self._task: asyncio.Task[None] | None = None
 

@@ -8,7 +8,7 @@ requests).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -50,8 +50,30 @@ class _GaugeCollector(Collector):
             yield family
 
 
+class _CacheConfigCollector(Collector):
+    """vLLM's `vllm:cache_config_info`: the KV cache's configuration as labels (value 1),
+    from which a router can learn the block size and hash algorithm."""
+
+    def __init__(self, labels: Mapping[str, str]):
+        self._labels = dict(labels)
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(self._labels),
+        )
+        family.add_metric(list(self._labels.values()), 1.0)
+        yield family
+
+
 class EngineMetrics:
-    def __init__(self, model: str, read_gauges: Callable[[], tuple[int, int, float]]):
+    def __init__(
+        self,
+        model: str,
+        read_gauges: Callable[[], tuple[int, int, float]],
+        cache_config: Mapping[str, str] | None = None,
+    ):
         self.registry = CollectorRegistry(auto_describe=True)
         self.model = model
         labels = ["model_name"]
@@ -121,6 +143,8 @@ class EngineMetrics:
             registry=reg,
         ).labels(model)
         reg.register(_GaugeCollector(model, read_gauges))
+        if cache_config:
+            reg.register(_CacheConfigCollector(cache_config))
 
     def on_admit(self, prompt_tokens: int, cached_tokens: int, external_tokens: int = 0) -> None:
         self._prefix_queries.inc(prompt_tokens)

@@ -316,6 +316,7 @@ def test_metrics_use_vllm_names(client: httpx.Client) -> None:
     ):
         assert f'{name}{{model_name="{MODEL}"' in text or f"{name}{{le=" in text, name
     assert gauge(client, "vllm:prefix_cache_queries_total") > 0
+    assert 'vllm:cache_config_info{block_size="16",' in text
 
 
 def test_client_disconnect_frees_the_slot(client: httpx.Client) -> None:
