@@ -1,8 +1,11 @@
-"""The engine proper: tokenizer, block hasher, prefix cache, scheduler, metrics and KV event
-publisher of one simulated instance, built together and started/stopped together.
+"""The engine proper: tokenizer, block hasher, prefix cache, scheduler, metrics, KV event
+publisher and (with a tierd) slower KV tiers of one simulated instance, built, started and
+stopped together.
 
-`prepare` turns a request's prompt into a `Sequence` (tokenising and hashing off the event
-loop), `submit` hands it to the scheduler, whose outputs arrive on the sequence's queue.
+A request goes `prepare` (tokenise and hash the prompt, off the event loop unless it is
+short; check lengths; build the `Sequence`), then `load_from_tiers` (with a tierd: fetch the
+KV it reuses past the HBM hit), then `submit` (to the scheduler, whose outputs arrive on the
+sequence's queue); `abort` drops it if the client goes away.
 """
 
 from __future__ import annotations
