@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +31,6 @@ from sim.engine.textgen import TextGenerator
 from sim.engine.tiers import TierBackend, TierPlan
 from sim.profiles import get_profile
 from sim.tokenizer import Tokenizer
-
-log = logging.getLogger("sim.engine")
 
 
 @dataclass(frozen=True)
