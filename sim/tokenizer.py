@@ -31,9 +31,11 @@ SPECIAL_TOKENS: dict[str, int] = {END_OF_TEXT: 151_643, IM_START: 151_644, IM_EN
 _FIRST_ID = 256  # ids below are left free, as byte-level vocabularies reserve them
 _SPAN = VOCAB_SIZE - _FIRST_ID
 _MAX_LETTERS = 5
+_MEMO_LIMIT = 500_000
 
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
-_PIECE_RE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\s\w]+|\s+(?!\S)|\s+", re.UNICODE)
+# A letter run is cut into chunks of up to _MAX_LETTERS letters, the first with its space.
+_PIECE_RE = re.compile(rf" ?[^\W\d_]{{1,{_MAX_LETTERS}}}| ?\d| ?[^\s\w]+|\s+(?!\S)|\s+", re.UNICODE)
 
 
 def piece_id(piece: str) -> int:
@@ -48,23 +50,10 @@ def split_pieces(text: str) -> list[str]:
     """Cut `text` into token pieces (special tokens kept whole)."""
     pieces: list[str] = []
     for part in _SPECIAL_RE.split(text):
-        if not part:
-            continue
         if part in SPECIAL_TOKENS:
             pieces.append(part)
-            continue
-        for m in _PIECE_RE.finditer(part):
-            piece = m.group(0)
-            letters = piece.lstrip(" ")
-            if len(letters) > _MAX_LETTERS and letters.isalpha():
-                lead = piece[: len(piece) - len(letters)]
-                chunks = [
-                    letters[i : i + _MAX_LETTERS] for i in range(0, len(letters), _MAX_LETTERS)
-                ]
-                pieces.append(lead + chunks[0])
-                pieces.extend(chunks[1:])
-            else:
-                pieces.append(piece)
+        elif part:
+            pieces.extend(_PIECE_RE.findall(part))
     return pieces
 
 
@@ -113,14 +102,21 @@ def render_chat(
 class Tokenizer:
     """Encodes text to stable ids and decodes ids it has produced."""
 
-    _pieces: dict[int, str] = field(default_factory=dict)
+    _pieces: dict[int, str] = field(default_factory=dict)  # id -> piece (at most the vocab)
+    _ids: dict[str, int] = field(default_factory=dict)  # piece -> id, a bounded memo
 
     def encode(self, text: str) -> list[int]:
+        memo = self._ids
+        if len(memo) > _MEMO_LIMIT:
+            memo.clear()
         ids: list[int] = []
+        append = ids.append
         for piece in split_pieces(text):
-            tid = piece_id(piece)
-            self._pieces.setdefault(tid, piece)
-            ids.append(tid)
+            tid = memo.get(piece)
+            if tid is None:
+                tid = memo[piece] = piece_id(piece)
+                self._pieces.setdefault(tid, piece)
+            append(tid)
         return ids
 
     def tokenize(self, text: str) -> list[tuple[int, str]]:
