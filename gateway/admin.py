@@ -67,16 +67,23 @@ def build_admin_router() -> APIRouter:
     async def session(key: str, request: Request) -> JSONResponse:
         state = app_state(request)
         where = state.router.where(key)
-        status = 200 if where.get("known") else 404
-        if status == 404:
-            where["why"] = "no request with this session key has been routed by this gateway"
-        else:
+        binder = state.session_binder()
+        binding = await binder.binding_of(key) if binder is not None else None
+        bound = binding.get("bound_instance") if binding else None
+        if binding is not None:
+            where["binding"] = binding
+        if where.get("known"):
             where["why"] = (
-                f"last routed to {where.get('last_instance')} ({where.get('last_reason')}); "
+                f"last routed here to {where.get('last_instance')} ({where.get('last_reason')}); "
                 "per-instance tokens are the leading run of its last prompt's blocks "
                 "the index holds, by tier"
+                + (f"; the shared session binding says {bound}" if bound else "")
             )
-        return JSONResponse(where, status_code=status)
+        elif bound:
+            where["why"] = f"not routed by this replica; the shared session binding says {bound}"
+        else:
+            where["why"] = "no request with this session key has been routed by this gateway"
+        return JSONResponse(where, status_code=200 if where.get("known") or bound else 404)
 
     @router.post("/route/explain")
     async def explain(request: Request) -> JSONResponse:

@@ -42,6 +42,8 @@ class SessionBinder(Protocol):
 
     def bind(self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]) -> Decision: ...
 
+    async def binding_of(self, key: str) -> dict[str, Any]: ...
+
 
 @dataclass
 class AppState:
