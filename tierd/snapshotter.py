@@ -80,6 +80,7 @@ class Snapshotter:
 
     async def snapshot(self, hashes: list[int]) -> dict[str, Any]:
         st = self.store
+        hashes = list(dict.fromkeys(hashes))  # a chain names each slice once
         items = await self.gather(hashes)
         if not items:
             return {"id": None, "slices": 0, "missing": len(hashes), "object_bytes": 0}

@@ -158,7 +158,9 @@ class TieredStore:
         key = self.snap_keys.pop(snap_id)
         del self.snap_ids[key]
         self.snap_order.remove(key)
-        gone = [m.hash for m in snap.entries if self.snap_index.get(m.hash) == snap_id]
+        gone = list(
+            dict.fromkeys(m.hash for m in snap.entries if self.snap_index.get(m.hash) == snap_id)
+        )
         for h in gone:
             del self.snap_index[h]
         self.events.removed(ev.SNAPSHOT, gone)

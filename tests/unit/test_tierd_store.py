@@ -153,7 +153,7 @@ async def test_snapshot_brings_a_whole_chain_back_with_one_read(tmp_path: Path) 
     chain = [41, 42, 43, 44, 45, 46]
     async with running(make_settings(tmp_path)) as d:
         await put_chain(d, chain)
-        out = await d.snapshotter.snapshot(chain)
+        out = await d.snapshotter.snapshot([*chain, chain[0]])  # a repeat is stored once
         assert out["slices"] == 6 and out["missing"] == 0
         await d.evict(None, ev.GPU)
         await d.evict(None, ev.ARRAY)
