@@ -1,4 +1,5 @@
-"""Settings of one simulated engine, and the command line that sets them."""
+"""Settings of one simulated engine, and the command line that sets them (every flag has
+an env twin, `WARMGATE_ENGINE__<FLAG>`, e.g. `WARMGATE_ENGINE__TIME_SCALE=0.01`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sim.engine.block_hash import HASH_ALGORITHMS
 from sim.engine.kv_events import ENCODINGS
@@ -39,48 +41,61 @@ class EngineConfig:
     log_level: str = "warning"
 
 
+ENV_PREFIX = "WARMGATE_ENGINE__"
+
+
+def _option(p: argparse.ArgumentParser, flag: str, default: Any = None, **kw: Any) -> None:
+    """A flag whose default comes from its env twin (`WARMGATE_ENGINE__<FLAG>`) if set."""
+    env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+    help_text = kw.pop("help", "")
+    p.add_argument(
+        flag, default=os.environ.get(env, default), help=f"{help_text} [env {env}]".strip(), **kw
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sim.engine",
         description="Simulated OpenAI-compatible inference engine (vLLM-like).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--instance-id", default="sim-0")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="served model id")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
-    p.add_argument(
-        "--time-scale", type=float, default=1.0, help="wall seconds per simulated second"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated text")
-    p.add_argument("--kv-capacity-tokens", type=int, default=None)
-    p.add_argument("--block-tokens", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=131_072)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-batch-tokens", type=int, default=None)
-    p.add_argument("--block-hash", default="sha256_cbor", choices=sorted(HASH_ALGORITHMS))
-    p.add_argument(
+    _option(p, "--host", "127.0.0.1")
+    _option(p, "--port", 8100, type=int)
+    _option(p, "--instance-id", "sim-0", help="sent back in the x-engine-instance header")
+    _option(p, "--model", DEFAULT_MODEL, help="served model id")
+    _option(p, "--profile", DEFAULT_PROFILE, choices=sorted(PROFILES), help="timing profile")
+    _option(p, "--time-scale", 1.0, type=float, help="wall seconds per simulated second")
+    _option(p, "--seed", 0, type=int, help="seed of the generated text")
+    _option(p, "--kv-capacity-tokens", type=int, help="KV cache size (default: the profile's)")
+    _option(p, "--block-tokens", 16, type=int, help="tokens per KV block")
+    _option(p, "--max-model-len", 131_072, type=int)
+    _option(p, "--max-num-seqs", type=int, help="batch slots (default: the profile's)")
+    _option(p, "--max-batch-tokens", type=int, help="tokens per step (default: the profile's)")
+    _option(p, "--block-hash", "sha256_cbor", choices=sorted(HASH_ALGORITHMS))
+    _option(
+        p,
         "--hash-seed",
-        default=os.environ.get("PYTHONHASHSEED"),
+        os.environ.get("PYTHONHASHSEED"),
         help="seed of NONE_HASH (default: $PYTHONHASHSEED; unset: random, as in vLLM)",
     )
-    p.add_argument("--tierd-url", default=None, help="keep slower KV tiers in this tierd")
-    p.add_argument(
+    _option(p, "--tierd-url", help="keep slower KV tiers in this tierd")
+    _option(
+        p,
         "--tier-block-chars",
+        256,
         type=int,
-        default=256,
         help="characters per tierd slice: the gateway's approximate block size",
     )
-    p.add_argument(
+    _option(
+        p,
         "--tier-payload-bytes-per-token",
+        64,
         type=int,
-        default=64,
         help="bytes actually stored per token (transfer time is charged for the real size)",
     )
-    p.add_argument("--kv-events-endpoint", default=None, help="e.g. tcp://127.0.0.1:5557")
-    p.add_argument("--kv-events-topic", default="kv-events")
-    p.add_argument("--kv-events-encoding", default="map", choices=ENCODINGS)
-    p.add_argument("--log-level", default="warning")
+    _option(p, "--kv-events-endpoint", help="ZMQ PUB bind address, e.g. tcp://127.0.0.1:5557")
+    _option(p, "--kv-events-topic", "kv-events")
+    _option(p, "--kv-events-encoding", "map", choices=ENCODINGS)
+    _option(p, "--log-level", "warning")
     return p
 
 
