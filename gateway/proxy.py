@@ -2,12 +2,14 @@
 
 The decision's instance is tried first, then its fallbacks (healthy candidates only). An
 attempt fails over when the instance fails *before the client got a byte*: connection
-error or timeout, a 5xx status, or a stream that dies before its first chunk. A 4xx from
-the engine is the client's mistake: passed through, never retried elsewhere. Once bytes
-have been sent, a failure ends the stream with an OpenAI-shaped `error` event and
-`data: [DONE]`. A client that goes away cancels the upstream request (streams: Starlette
-cancels the relay; non-streams: a watcher on the ASGI receive channel). How one engine
-response is read (relayed, assembled or whole) lives in `gateway.upstream`.
+error or timeout, a 5xx or 429 status, or a stream that dies before its first chunk (when
+every instance fails, the last engine error is passed through if it is OpenAI-shaped, else
+a 502). Any other 4xx from the engine is the client's mistake: passed through, never
+retried elsewhere. Once bytes have been sent, a failure ends the stream with an
+OpenAI-shaped `error` event and `data: [DONE]`. A client that goes away cancels the
+upstream request (streams: Starlette cancels the relay; non-streams: a watcher on the ASGI
+receive channel). How one engine response is read (relayed, assembled or whole) lives in
+`gateway.upstream`.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ async def proxy_completion(
                 for k, v in upstream_headers.items()
                 if k in ("retry-after", "retry-after-ms", "x-should-retry")
             }
-            keep.setdefault("x-should-retry", "true" if status in (502, 503, 504) else "false")
+            if status in (502, 503, 504):
+                keep.setdefault("x-should-retry", "true")
             return Response(
                 content, status_code=status, media_type="application/json", headers=keep
             )
@@ -157,9 +160,9 @@ async def _attempt(
             content = b""
         finally:
             await resp.aclose()
-        if resp.status_code >= 500:
+        if resp.status_code >= 500 or resp.status_code == 429:  # busy or broken: next one
             raise AttemptFailed(
-                "status_5xx",
+                "status_429" if resp.status_code == 429 else "status_5xx",
                 f"{instance} answered {resp.status_code}",
                 (resp.status_code, content, dict(resp.headers)),
             )

@@ -49,6 +49,10 @@ class Handler(BaseHTTPRequestHandler):
             err = {"message": "engine overloaded", "type": "server_error", "param": None,
                    "code": "overloaded"}
             self._send(503, json.dumps({"error": err}), extra=[("retry-after", "3")])
+        elif mode == "429":
+            err = {"message": "slow down", "type": "rate_limit_error", "param": None,
+                   "code": "rate_limited"}
+            self._send(429, json.dumps({"error": err}), extra=[("retry-after", "1")])
         elif mode == "500-html":
             self._send(500, "<html>oops</html>", ctype="text/html")
         elif mode in ("cut-chunked", "cut-eof"):
@@ -152,3 +156,12 @@ def test_non_streaming_client_never_gets_a_half_answer(fleet: Fleet, mode: str) 
     assert r.status_code == 502
     assert r.headers["x-should-retry"] == "true"
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_429_from_every_instance_is_passed_through(fleet: Fleet) -> None:
+    r = httpx.post(f"{fleet.base}/v1/chat/completions", json=chat("429"))
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "rate_limited"
+    assert r.headers["retry-after"] == "1"
+    metrics = httpx.get(f"{fleet.base}/metrics").text
+    assert 'warmgate_upstream_errors_total{instance="broken",kind="status_429"}' in metrics
