@@ -40,9 +40,12 @@ class Prefetcher:
             st.sessions.add(session, hashes)
         outcome: Counter[str] = Counter()
         wanted = set(hashes)
-        outcome["hit"] = sum(1 for h in wanted if h in st.l1)
         transfers, missing = await self.loader.plan(hashes)
+        moving: set[int] = set()
+        for t in transfers:
+            moving.update(wanted.intersection(t.hashes))
         outcome["miss"] += len(set(missing))
+        outcome["hit"] = len(wanted) - len(moving) - len(set(missing))  # in L1 at plan time
         pending: set[asyncio.Task[dict[int, bytes]]] = set()
         by_task: dict[asyncio.Task[dict[int, bytes]], Transfer] = {}
         for t in transfers:
