@@ -16,6 +16,7 @@ hashing one more block onto a chain (output tokens, as they fill blocks).
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Literal
 
@@ -29,7 +30,13 @@ HASH_ALGORITHMS = ("sha256_cbor", "xxhash_cbor")
 class BlockHasher:
     """Chained hashes of full token blocks for one engine (one algorithm, one seed)."""
 
-    def __init__(self, block_tokens: int, algorithm: str = "sha256_cbor", seed: str | None = None):
+    def __init__(
+        self,
+        block_tokens: int,
+        algorithm: str = "sha256_cbor",
+        seed: str | None = None,
+        memo_limit: int = 100_000,
+    ):
         algo: Literal["sha256_cbor", "xxhash_cbor"]
         if algorithm == "sha256_cbor":
             algo = "sha256_cbor"
@@ -46,6 +53,9 @@ class BlockHasher:
             algo=algo,
         )
         self.none_hash: bytes = self._vllm.none_hash
+        self.memo_limit = memo_limit
+        self._memo: dict[tuple[bytes | None, tuple[int, ...], str | None], bytes] = {}
+        self._lock = threading.Lock()
 
     def block(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
         """The hash of one full block following `parent` (None: the chain's first block)."""
@@ -54,5 +64,36 @@ class BlockHasher:
         return self._vllm.block_digests(tokens, parent=parent)[0]
 
     def chain(self, token_ids: Sequence[int], *, cache_salt: str | None = None) -> list[bytes]:
-        """Hashes of every full block of `token_ids`."""
-        return self._vllm.block_digests(token_ids, cache_salt=cache_salt)
+        """Hashes of every full block of `token_ids`.
+
+        Prompts repeat their prefixes turn after turn, so each block's digest is memoised
+        under (parent digest, tokens, salt): a repeated prefix costs a dict lookup a block
+        instead of a CBOR encoding and a SHA-256. The memo is bounded (oldest dropped)."""
+        bs = self.block_tokens
+        memo = self._memo
+        out: list[bytes] = []
+        parent: bytes | None = None
+        for i in range(len(token_ids) // bs):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            salt = cache_salt if i == 0 else None
+            key = (parent, tokens, salt)
+            digest = memo.get(key)
+            if digest is None:
+                digest = self._vllm.block_digests(tokens, cache_salt=salt, parent=parent)[0]
+                memo[key] = digest
+                if len(memo) > self.memo_limit:
+                    self._trim()
+            out.append(digest)
+            parent = digest
+        return out
+
+    def _trim(self) -> None:
+        """Drop the oldest memo entries. Chains are hashed in worker threads too: another
+        thread may insert meanwhile, which at worst ends this round early."""
+        with self._lock:
+            memo = self._memo
+            while len(memo) > self.memo_limit:
+                try:
+                    del memo[next(iter(memo))]
+                except (KeyError, RuntimeError, StopIteration):
+                    return

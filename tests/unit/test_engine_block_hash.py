@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from router.precise import VllmBlockHasher
 from sim.engine.block_hash import BlockHasher, event_int
 
 
@@ -42,3 +43,15 @@ def test_cache_salt_changes_every_block_and_seed_matters() -> None:
 def test_rejects_unknown_algorithm() -> None:
     with pytest.raises(ValueError):
         BlockHasher(16, "md5")
+
+
+def test_memo_is_bounded_and_never_changes_a_hash() -> None:
+    reference = VllmBlockHasher(hash_seed="0", block_size=4)
+    hasher = BlockHasher(4, seed="0", memo_limit=5)
+    for start in (0, 0, 100, 0, 7):
+        tokens = list(range(start, start + 40))
+        for salt in (None, "t"):
+            assert hasher.chain(tokens, cache_salt=salt) == reference.block_digests(
+                tokens, cache_salt=salt
+            )
+            assert len(hasher._memo) <= 5
