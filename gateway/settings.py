@@ -38,7 +38,7 @@ class InstanceSettings(BaseModel):
 class RoutingSettings(BaseModel):
     """Which policy routes, with what parameters, over which block size."""
 
-    policy: str = "prefix"
+    policy: str = "ttft"  # the TTFT-predicting policy; "prefix" is the SGLang-style baseline
     params: dict[str, Any] = Field(default_factory=dict)  # passed to the policy's factory
     block_tokens: int = Field(default=64, ge=1)  # tokens per block (approximate mode)
     chars_per_token: int = Field(default=4, ge=1)  # block_chars = block_tokens x this

@@ -19,7 +19,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     f = Fleet(
         tmp_path_factory.mktemp("gw-api"),
         2,
-        settings={"max_body_bytes": LIMIT, "routing": {"policy": "prefix"}},
+        settings={"max_body_bytes": LIMIT},  # the default policy: ttft
     ).start()
     yield f
     f.stop()
@@ -230,8 +230,15 @@ def test_route_explain_is_a_dry_run(fleet: Fleet, client: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["decision"]["instance"] in {e.id for e in fleet.engines}
-    assert out["decision"]["policy"] == "prefix"
+    assert out["decision"]["policy"] == "ttft"
     assert {c["instance"] for c in out["candidates"]} == {e.id for e in fleet.engines}
+    for c in out["candidates"]:  # each candidate's predicted TTFT, and what it is made of
+        parts = c["parts"]
+        assert {"queue_wait_s", "load_s", "prefill_s"} <= set(parts)
+        assert c["predicted_ttft_s"] == pytest.approx(sum(parts.values()))
+        assert c["predicted_ttft_s"] > 0
+    chosen = next(c for c in out["candidates"] if c["instance"] == out["decision"]["instance"])
+    assert out["decision"]["predicted_ttft_s"] == chosen["predicted_ttft_s"]
     assert out["request"]["blocks"] > 0
     assert client.get("/admin/stats").json()["router"]["routed"] == before
     assert_openai_error(client.post("/admin/route/explain", json={"model": MODEL}), 400, "messages")
