@@ -99,17 +99,20 @@ class TierBackend:
         self.payload_bytes_per_token = payload_bytes_per_token
         self.client = TierdClient(url)
         self.tierd_emulates = False
+        self.probed = False  # tierd's emulation settings are known
         self.counters = TierCounters()
         self._sem = asyncio.Semaphore(max_concurrency)
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Learn whether tierd charges link time itself (never fails: tierd may start late)."""
+        """Learn whether tierd charges link time itself (never fails: tierd may start late,
+        then the first request that needs it asks again)."""
         try:
             stats = await self.client.stats()
         except (httpx.HTTPError, TierdError) as exc:
             log.warning("tierd %s not reachable at start: %r", self.url, exc)
             return
+        self.probed = True
         emulation = stats.get("emulation") or {}
         self.tierd_emulates = bool(emulation.get("profile") or emulation.get("array_bytes_per_s"))
         tierd_scale = float(emulation.get("time_scale") or 1.0)
@@ -156,6 +159,8 @@ class TierBackend:
             plan.loaded_until = hbm_tokens
             self.counters.skipped_lookups += 1
             return
+        if not self.probed:
+            await self.start()
         self.counters.lookups += 1
         try:
             where = await self.client.lookup(plan.chain)
