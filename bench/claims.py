@@ -40,14 +40,19 @@ def _change(new: float | None, base: float | None) -> float | None:
 
 
 async def _closed_loop(
-    spec: FleetSpec, items: Sequence[ReplayItem], concurrency: int, logs: Path, label: str
+    spec: FleetSpec,
+    items: Sequence[ReplayItem],
+    concurrency: int,
+    logs: Path,
+    label: str,
+    budget_s: float | None,
 ) -> dict[str, Any]:
     async with fleet_with_gateway(spec, GATEWAY, keep_logs=logs) as (_, gw):
         assert gw is not None
         t0 = time.perf_counter()
         records = await replay(
             gw.base_url, items, model=spec.model, closed_loop=True, concurrency=concurrency,
-            instance_by_url=gw.instance_by_url, progress_label=label,
+            instance_by_url=gw.instance_by_url, progress_label=label, stop_after_s=budget_s,
         )  # fmt: skip
         duration = time.perf_counter() - t0
     return summarize(records, None, time_scale=spec.time_scale, duration_s=duration)
@@ -60,6 +65,7 @@ async def run_claims(
     requests: int,
     tmp: Path,
     levels: Sequence[int] = LEVELS,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """The `claims` section of results.json."""
     out: dict[str, Any] = {
@@ -67,7 +73,8 @@ async def run_claims(
             f"warmgate (ttft), the workload's first {requests} requests closed loop at "
             f"{'/'.join(str(c) for c in levels)} concurrent requests per instance; 'tiers' = "
             "engines with tierd and one shared array, 'no array' = engines alone (HBM prefix "
-            "cache only). Fresh fleets for each run. Throughput = generated tokens / s."
+            "cache only). Fresh fleets for each run. Throughput = generated tokens / s. "
+            + (f"No request is sent after {budget_s:g} s of wall time." if budget_s else "")
         ),
         "seed_claim": SEED_CLAIM,
         "cases": [],
@@ -80,11 +87,11 @@ async def run_claims(
         conc = level * spec.instances
         tiers = await _closed_loop(
             replace(spec, tierd=True, array=True), subset, conc,
-            tmp / "logs" / f"claims-{level}-tiers", f"tiers@{level}",
+            tmp / "logs" / f"claims-{level}-tiers", f"tiers@{level}", budget_s,
         )  # fmt: skip
         bare = await _closed_loop(
             replace(spec, tierd=False), subset, conc,
-            tmp / "logs" / f"claims-{level}-no-array", f"no-array@{level}",
+            tmp / "logs" / f"claims-{level}-no-array", f"no-array@{level}", budget_s,
         )  # fmt: skip
         out["cases"].append(
             {
@@ -100,6 +107,8 @@ async def run_claims(
                 "cached_ratio_tiers": tiers["cached_token_ratio"],
                 "cached_ratio_no_array": bare["cached_token_ratio"],
                 "errors": tiers["errors"] + bare["errors"],
+                "requests_tiers": tiers["requests"],
+                "requests_no_array": bare["requests"],
             }
         )
     return out

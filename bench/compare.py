@@ -59,6 +59,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=512, help="client cap on in-flight")
     p.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine L1 KV tokens")
     p.add_argument("--trace-block-tokens", type=int, default=512)
+    p.add_argument(
+        "--tier-block-chars", type=int, default=None,
+        help="chars per tierd slice = warmgate's routing block (default 256)",
+    )  # fmt: skip
     p.add_argument("--name", default=None)
     p.add_argument("--results-dir", default=str(REPO / "bench" / "results"))
     p.add_argument("--no-overhead", action="store_true")
@@ -69,6 +73,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--overhead-streams", default="64,512", help="concurrent stream caps")
     p.add_argument("--claims-levels", default="8,16", help="concurrent requests per instance")
     p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
+    p.add_argument(
+        "--claims-budget-s", type=float, default=50.0, help="wall seconds of sending per run"
+    )
     return p.parse_args(list(argv))
 
 
@@ -130,6 +137,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     spec = FleetSpec(
         instances=args.instances, profile=args.profile, time_scale=args.time_scale,
         seed=args.seed, kv_capacity_tokens=args.kv_capacity_tokens,
+        tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
     peers = [p for p in args.peers.split(",") if p]
     gateways = [g for g in args.gateways.split(",") if g] + peers
@@ -150,6 +158,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "requests": len(items),
             "client_concurrency_cap": args.concurrency,
             "kv_capacity_tokens": args.kv_capacity_tokens,
+            "tier_block_chars": args.tier_block_chars,
         },
         "gateways": {},
         "notes": [],
@@ -179,6 +188,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         results["claims"] = await run_claims(
             claims_spec, items, requests=args.claims_requests, tmp=tmp,
             levels=[int(x) for x in args.claims_levels.split(",") if x],
+            budget_s=args.claims_budget_s,
         )  # fmt: skip
         await asyncio.to_thread(_dump, out_dir / "results.json", results)
     if not args.no_overhead:

@@ -150,6 +150,9 @@ class FleetSpec:
     tierd: bool = True  # run a tierd beside each engine (when tierd is installed)
     array: bool = True  # one array directory shared by all tierds (False: one each)
     l1_bytes: int = 256 * 1024 * 1024
+    # Characters per tierd slice, which is also warmgate's approximate routing block (so its
+    # prefetch hints name the slices the engines store); None: the defaults (256 = 64 tokens).
+    tier_block_chars: int | None = None
     extra_engine_args: tuple[str, ...] = ()
 
 
@@ -205,6 +208,8 @@ class Fleet:
                 self.tierds[inst] = f"http://127.0.0.1:{tport}"
                 waits.append(tproc.wait_http(self.tierds[inst] + "/livez"))
                 args += ["--tierd-url", self.tierds[inst]]
+                if spec.tier_block_chars is not None:
+                    args += ["--tier-block-chars", str(spec.tier_block_chars)]
             self.engines[inst] = f"http://127.0.0.1:{port}"
             self.engine_args[inst] = args
         await asyncio.gather(*waits)  # engines ask their tierd for its stats at start
@@ -234,6 +239,9 @@ class Gateway:
 
 
 def warmgate_config(fleet: Fleet, policy: str, port: int) -> dict[str, Any]:
+    routing: dict[str, Any] = {"policy": policy}
+    if fleet.spec.tier_block_chars is not None:
+        routing["block_tokens"] = fleet.spec.tier_block_chars // 4  # 4 chars a token
     return {
         "host": "127.0.0.1",
         "port": port,
@@ -247,7 +255,7 @@ def warmgate_config(fleet: Fleet, policy: str, port: int) -> dict[str, Any]:
             }
             for inst, url in fleet.engines.items()
         ],
-        "routing": {"policy": policy},
+        "routing": routing,
     }
 
 
