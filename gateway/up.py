@@ -100,7 +100,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "default: a temporary directory removed on exit)",
     )
     p.add_argument(
-        "--start-timeout", type=float, default=120.0, help="seconds to wait for each part to answer"
+        "--start-timeout",
+        type=float,
+        default=float(_env("WARMGATE_UP_START_TIMEOUT", "120")),
+        help="seconds to wait for each part to answer (env WARMGATE_UP_START_TIMEOUT)",
     )
     args = p.parse_args(list(argv))
     if args.instances < 1:
@@ -129,12 +132,14 @@ class Child:
     name: str
     args: list[str]
     log_path: Path
+    drop_env: tuple[str, ...] = ()  # variables the child must not inherit
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
+        env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -313,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
                 str(args.port),
             ],
             run_dir / "gateway.log",
+            drop_env=("WARMGATE_INSTANCES",),  # the generated config names the instances
         )
         gateway.start()
         probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
