@@ -18,12 +18,12 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 
-from tierd.slices import CorruptSliceError, SliceMeta
+from tierd.slices import CorruptSliceError, Payload, SliceMeta
 from tierd.store import TieredStore
 
 ARRAY_BATCH = 32
 
-Loaded = dict[int, bytes]
+Loaded = dict[int, Payload]
 
 
 class Transfer:
@@ -125,19 +125,21 @@ class Loader:
         st = self.store
         st.history.touch(h)
         if h in st.l1:
-            got = await st.l1.read([h])
-            if got is not None:
+            copied = await st.l1.read([h])
+            if copied is not None:
                 st.l1_order.update(h)
                 st.counters.hits["l1"] += 1
-                st.counters.bytes_moved["get"] += len(got[0])
-                return got[0]
+                st.counters.bytes_moved["get"] += len(copied[0])
+                return copied[0]
         await st.discover([h])
         source = st.where(h)
         transfers, _ = await self.plan([h])
         data: bytes | None = None
         for t in transfers:
             try:
-                data = (await self.wait(t)).get(h, data)
+                got = (await self.wait(t)).get(h)
+                if got is not None:
+                    data = bytes(got)
             finally:
                 self.release(t)
         if data is None:
@@ -152,7 +154,7 @@ class Loader:
         st = self.store
         t0 = time.monotonic()
         results = await asyncio.to_thread(st.array.read, hashes)
-        good: list[tuple[SliceMeta, bytes]] = []
+        good: list[tuple[SliceMeta, Payload]] = []
         bad: list[int] = []
         corrupt: list[int] = []
         for r in results:

@@ -17,7 +17,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from tierd.loader import Loader, Transfer
+from tierd.loader import Loaded, Loader, Transfer
 from tierd.store import TieredStore
 
 
@@ -46,14 +46,14 @@ class Prefetcher:
             moving.update(wanted.intersection(t.hashes))
         outcome["miss"] += len(set(missing))
         outcome["hit"] = len(wanted) - len(moving) - len(set(missing))  # in L1 at plan time
-        pending: set[asyncio.Task[dict[int, bytes]]] = set()
-        by_task: dict[asyncio.Task[dict[int, bytes]], Transfer] = {}
+        pending: set[asyncio.Task[Loaded]] = set()
+        by_task: dict[asyncio.Task[Loaded], Transfer] = {}
         for t in transfers:
             assert t.task is not None
             pending.add(t.task)
             by_task[t.task] = t
         remaining = deadline - loop.time()
-        done: set[asyncio.Task[dict[int, bytes]]] = set()
+        done: set[asyncio.Task[Loaded]] = set()
         if pending and remaining > 0:
             done, pending = await asyncio.wait(pending, timeout=remaining)
         elif pending:

@@ -24,6 +24,8 @@ _HAS_PARENT = 1
 _HAS_TOKENS = 2
 U64 = (1 << 64) - 1
 
+Payload = bytes | memoryview  # a slice's bytes; a view avoids copying out of a read buffer
+
 
 class CorruptSliceError(ValueError):
     """A slice's header or payload fails its checksum, or the record is torn."""
@@ -108,9 +110,10 @@ def verify_payload(meta: SliceMeta, payload: bytes | memoryview, expect_hash: in
         raise CorruptSliceError("payload checksum mismatch")
 
 
-def decode_record(buf: bytes | memoryview, expect_hash: int) -> tuple[SliceMeta, bytes]:
-    """Parse and verify one whole record (header + payload, nothing after it)."""
+def decode_record(buf: bytes | memoryview, expect_hash: int) -> tuple[SliceMeta, memoryview]:
+    """Parse and verify one whole record (header + payload, nothing after it); the payload
+    is a view into `buf` (no copy)."""
     meta = decode_header(buf)
-    payload = bytes(buf[HEADER_BYTES:])
+    payload = memoryview(buf)[HEADER_BYTES:]
     verify_payload(meta, payload, expect_hash)
     return meta, payload

@@ -23,7 +23,7 @@ import contextlib
 from typing import Any
 
 from tierd import events as ev
-from tierd.slices import SliceMeta
+from tierd.slices import Payload, SliceMeta
 from tierd.store import TieredStore
 
 TRIM_BATCH = 256
@@ -57,10 +57,10 @@ class Snapshotter:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def gather(self, hashes: list[int]) -> list[tuple[SliceMeta, bytes]]:
+    async def gather(self, hashes: list[int]) -> list[tuple[SliceMeta, Payload]]:
         """The chain's slices that L1 or the array can give, verified, in chain order."""
         st = self.store
-        got: dict[int, tuple[SliceMeta, bytes]] = {}
+        got: dict[int, tuple[SliceMeta, Payload]] = {}
         in_l1 = [h for h in hashes if h in st.l1]
         for h in in_l1:
             entry = st.l1.entry(h)

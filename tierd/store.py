@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tierd import events as ev
@@ -32,7 +32,7 @@ from tierd.events import EventPublisher
 from tierd.eviction import AccessHistory, LruK
 from tierd.sessions import SessionTracker
 from tierd.settings import TierdSettings
-from tierd.slices import SliceMeta, make_meta
+from tierd.slices import Payload, SliceMeta, make_meta
 from tierd.tiers.l1_arena import L1Arena
 from tierd.tiers.l2_array import ArrayDir
 from tierd.tiers.l3_snapshots import Snapshot, SnapshotDir
@@ -235,7 +235,9 @@ class TieredStore:
             if self.on_session_idle is not None:
                 self.on_session_idle(hashes)
 
-    async def install(self, items: list[tuple[SliceMeta, bytes]], *, sticky: bool) -> list[int]:
+    async def install(
+        self, items: Sequence[tuple[SliceMeta, Payload]], *, sticky: bool
+    ) -> list[int]:
         """Copy slices into L1 (those not there yet); returns the hashes now in L1."""
         todo = [(m, p) for m, p in items if m.hash not in self.l1]
         slots = await self.reserve(len(todo)) if todo else []

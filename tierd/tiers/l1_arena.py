@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierd.native import DeviceArena, HostArena, backends, copy_batch
-from tierd.slices import SliceMeta
+from tierd.slices import Payload, SliceMeta
 
 
 @dataclass(slots=True)
@@ -26,6 +27,11 @@ class L1Entry:
     meta: SliceMeta
     sticky: bool = False  # put with a session key: passes the frequency gate
     pins: int = 0
+
+
+def _copy_each(arena: HostArena | DeviceArena, dst: list[int], payloads: Sequence[Payload]) -> None:
+    for offset, p in zip(dst, payloads, strict=True):
+        copy_batch(arena, [offset], p, [0], [len(p)])
 
 
 def make_arena(nbytes: int, backend: str) -> HostArena | DeviceArena:
@@ -84,18 +90,11 @@ class L1Arena:
         """Give back a reserved slot that was never committed."""
         self._free.append(slot)
 
-    async def write(self, slots: list[int], payloads: list[bytes]) -> None:
-        if not slots:
-            return
-        staging = b"".join(payloads)
-        offsets: list[int] = []
-        pos = 0
-        for p in payloads:
-            offsets.append(pos)
-            pos += len(p)
-        dst = [s * self.slot_bytes for s in slots]
-        sizes = [len(p) for p in payloads]
-        await asyncio.to_thread(copy_batch, self.arena, dst, staging, offsets, sizes)
+    async def write(self, slots: list[int], payloads: Sequence[Payload]) -> None:
+        """Copy each payload into its slot, straight from where it lies (no staging copy)."""
+        if slots:
+            dst = [s * self.slot_bytes for s in slots]
+            await asyncio.to_thread(_copy_each, self.arena, dst, payloads)
 
     def commit(self, h: int, slot: int, meta: SliceMeta, sticky: bool) -> None:
         old = self._entries.get(h)

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tierd.native import probe_direct, read_batch, write_batch
 from tierd.slices import (
     HEADER_BYTES,
     CorruptSliceError,
+    Payload,
     SliceMeta,
     decode_header,
     encode_header,
@@ -40,7 +42,7 @@ class ReadResult:
 
     hash: int
     meta: SliceMeta | None
-    payload: bytes | None
+    payload: memoryview | None  # a view into the batch's read buffer (no copy)
     corrupt: str | None = None
 
 
@@ -77,7 +79,7 @@ class ArrayDir:
                 return i
         return len(hashes)
 
-    def write(self, items: list[tuple[SliceMeta, bytes]]) -> list[bool]:
+    def write(self, items: Sequence[tuple[SliceMeta, Payload]]) -> list[bool]:
         """Write each slice to a temp file and rename it into place; per slice: ok."""
         if not items:
             return []
@@ -133,14 +135,13 @@ class ArrayDir:
                 meta = decode_header(rec)
                 if n != HEADER_BYTES + meta.length:
                     raise CorruptSliceError(f"file of {n} bytes, header says {meta.length}")
-                payload = bytes(rec[HEADER_BYTES:])
+                payload = rec[HEADER_BYTES:]
                 verify_payload(meta, payload, h)
             except CorruptSliceError as exc:
                 self.quarantine(h)
                 out.append(ReadResult(h, None, None, corrupt=str(exc)))
                 continue
             out.append(ReadResult(h, meta, payload))
-        view.release()
         return out
 
     def quarantine(self, h: int) -> None:

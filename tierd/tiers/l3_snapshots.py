@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import zstandard
 from tierd.slices import (
     HEADER_BYTES,
     CorruptSliceError,
+    Payload,
     SliceMeta,
     checksum,
     decode_record,
@@ -63,7 +65,7 @@ class SnapshotDir:
         self.level = level
         self.quarantine_dir = root / "quarantine"
 
-    def write(self, snap_id: str, items: list[tuple[SliceMeta, bytes]]) -> Snapshot:
+    def write(self, snap_id: str, items: Sequence[tuple[SliceMeta, Payload]]) -> Snapshot:
         raw = bytearray()
         entries: list[dict[str, Any]] = []
         for meta, payload in items:
@@ -91,7 +93,7 @@ class SnapshotDir:
         os.replace(tmp_man, self.root / f"{snap_id}.json")
         return Snapshot(snap_id, tuple(m for m, _ in items), len(obj), len(raw))
 
-    def load(self, snap_id: str) -> list[tuple[SliceMeta, bytes]]:
+    def load(self, snap_id: str) -> list[tuple[SliceMeta, Payload]]:
         """Every slice of the snapshot, verified; raises `CorruptSliceError` (and quarantines)."""
         try:
             manifest = json.loads((self.root / f"{snap_id}.json").read_text())
@@ -104,7 +106,7 @@ class SnapshotDir:
             if len(raw) != manifest["raw_bytes"]:
                 raise CorruptSliceError("snapshot object decompresses to the wrong size")
             view = memoryview(raw)
-            out: list[tuple[SliceMeta, bytes]] = []
+            out: list[tuple[SliceMeta, Payload]] = []
             for e in manifest["entries"]:
                 start = int(e["offset"])
                 end = start + HEADER_BYTES + int(e["length"])
