@@ -63,9 +63,9 @@ class Prediction:
     work_s: float = 0.0  # GPU time this request adds to the instance (calibrated)
 
     def imposed_delay_s(self, arrivals_per_s: float) -> float:
-        """First-order delay this request's work imposes on later arrivals at the same
-        instance (FIFO prefill): those arriving while it waits (rate x queue_wait) are
-        delayed by all of its work, those arriving during its prefill by half on average."""
+        """First-order delay this request's GPU work w imposes on later arrivals at the same
+        instance (prefill is first come, first served): those arriving while it waits
+        (rate x queue_wait) are delayed by all of w, those during its prefill by w/2."""
         w = self.work_s
         return arrivals_per_s * (self.queue_wait_s * w + w * w / 2.0)
 
@@ -115,9 +115,17 @@ class ReusePrice:
     (to zero at least) while under it: TTFT is minimised subject to that reuse constraint.
     """
 
-    def __init__(self, budget: float = 0.01, step: float = 0.05, alpha: float = 0.01) -> None:
-        if budget <= 0:
-            raise ValueError("budget must be positive")
+    def __init__(
+        self,
+        budget: float = 0.01,
+        step: float = 0.05,
+        alpha: float = 0.01,
+        *,
+        price_max: float = 10.0,
+    ) -> None:
+        if budget <= 0 or price_max < 0:
+            raise ValueError("budget must be positive and price_max >= 0")
+        self.price_max = price_max
         self.budget = budget
         self.step = step
         self.alpha = alpha
@@ -130,7 +138,8 @@ class ReusePrice:
         self._lost += a * (max(0, lost_tokens) - self._lost)
         self._prompt += a * (max(0, prompt_tokens) - self._prompt)
         share = self._lost / self._prompt if self._prompt > 0 else 0.0
-        self.price = max(0.0, self.price + self.step * (share - self.budget) / self.budget)
+        step = self.step * (share - self.budget) / self.budget
+        self.price = min(self.price_max, max(0.0, self.price + step))
 
     @property
     def lost_share(self) -> float:

@@ -10,11 +10,10 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
     score = ttft + imposed_delay + reuse_price x recompute_time(tokens given up)
 
 - `imposed_delay` is the first-order delay the request's GPU work w adds to later arrivals
-  on that instance (FIFO prefill): rate x (queue_wait x w + w^2 / 2), with the per-instance
-  arrival rate measured over `rate_window_s` and amplified by 1 / (1 - rho), how much an
-  M/G/1 busy period grows per unit of added work (rho: the share of instances busy, as
-  arrivals see it, capped at `rho_max`). A long recompute on an idle instance costs more
-  than the request's own TTFT shows.
+  on that instance (prefill is first come, first served): rate x (queue_wait x w + w^2/2).
+  The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
+  instances in proportion to the requests each serves, since follow-up turns return where
+  their KV is. A long recompute next to many live sessions costs more than its own TTFT.
 - `reuse_price` (dual ascent, `router.cost.ReusePrice`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
   giving up at most that much reuse.
@@ -25,8 +24,9 @@ Then:
    instance is at the cap; this guards against herding on a hot prefix (a world-state
    prefix everyone matches), which then gets replicated on another instance.
 2. Near-ties (within `tie_rel` of the best score, or `tie_abs_s`) go by session affinity:
-   the instance the session key ranks highest by rendezvous hashing (stable while the fleet
-   is), else the one holding more of the prompt, else the less loaded.
+   the instance holding more of the prompt (where the session's KV is), then the one the
+   session key ranks highest by rendezvous hashing (stable while the fleet is, so a new
+   session's turns agree), then the less loaded.
 
 `choose()` remembers the prediction made for the instance it picked (bounded, keyed by
 instance, prompt tokens and predicted cached tokens) so `observe()` can pair an outcome
@@ -76,10 +76,9 @@ class TtftPolicy:
         forgetting: float = 0.98,
         prior_weight: float = 5.0,
         rate_window_s: float = 30.0,
-        rho_max: float = 0.95,
-        busy_alpha: float = 0.02,
         reuse_budget: float = 0.01,
         reuse_step: float = 0.05,
+        reuse_price_max: float = 10.0,
         remembered: int = 8192,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -87,8 +86,6 @@ class TtftPolicy:
             raise ValueError("tie tolerances must be >= 0")
         if load_cap < 1.0:
             raise ValueError("load_cap must be >= 1")
-        if not 0.0 <= rho_max < 1.0:
-            raise ValueError("rho_max must be in [0, 1)")
         base = params or CostParams()
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
@@ -97,11 +94,8 @@ class TtftPolicy:
         self.tie_abs_s = tie_abs_s
         self.load_cap = load_cap
         self.load_cap_min = load_cap_min
-        self.rho_max = rho_max
-        self.busy_alpha = busy_alpha
-        self.reuse = ReusePrice(reuse_budget, reuse_step)
+        self.reuse = ReusePrice(reuse_budget, reuse_step, price_max=reuse_price_max)
         self._arrivals = RateMeter(rate_window_s)
-        self._busy = 0.0
         self._clock = clock
         self._remembered = remembered
         self._pending: OrderedDict[_Key, Prediction] = OrderedDict()
@@ -114,15 +108,6 @@ class TtftPolicy:
         total = sum(v.in_flight for v in candidates)
         fair = math.ceil((total + 1) / len(candidates))
         return max(self.load_cap_min, math.ceil(self.load_cap * fair))
-
-    def _delay_rate(self, candidates: Sequence[InstanceView]) -> float:
-        """Later arrivals per second that added work on one instance delays, amplified."""
-        now = self._clock()
-        self._arrivals.tick(now)
-        busy = sum(1 for v in candidates if v.in_flight > 0) / len(candidates)
-        self._busy += self.busy_alpha * (busy - self._busy)
-        rho = min(self.rho_max, self._busy)
-        return self._arrivals.rate(now) / len(candidates) / (1.0 - rho)
 
     def _score_all(
         self, request: RouteRequest, candidates: Sequence[InstanceView]
@@ -138,11 +123,22 @@ class TtftPolicy:
                 queued_prefill_tokens=v.queued_prefill_tokens,
             )
             scored.append(_Scored(v, tiers, pred, sum(tiers.values())))
-        rate = self._delay_rate(candidates)
-        most = max(s.cached for s in scored)
+        now = self._clock()
+        self._arrivals.tick(now)
+        # later arrivals per second at each instance: the fleet's rate, shared in proportion
+        # to the requests each serves (their follow-ups come back to it)
+        rate = self._arrivals.rate(now)
+        share_base = sum(v.in_flight for v in candidates) + len(candidates)
+        cap = self._cap(candidates)
+        most = max((s.cached for s in scored if s.view.in_flight < cap), default=0)
         per_token = self.reuse.price * self.model.params.prefill_per_token_s
         for s in scored:
-            s.score = s.pred.ttft_s + s.pred.imposed_delay_s(rate) + per_token * (most - s.cached)
+            arrivals = rate * (s.view.in_flight + 1) / share_base
+            s.score = (
+                s.pred.ttft_s
+                + s.pred.imposed_delay_s(arrivals)
+                + per_token * max(0, most - s.cached)
+            )
         return scored
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
@@ -156,10 +152,11 @@ class TtftPolicy:
         def tie_key(s: _Scored) -> tuple[int, int, int]:
             v = s.view
             affinity = xxhash.xxh3_64_intdigest(f"{session}\x00{v.id}".encode()) if session else 0
-            return (-affinity, -v.matched_total(), v.in_flight)
+            return (-v.matched_total(), -affinity, v.in_flight)
 
         chosen = min(ties, key=tie_key)
-        self.reuse.update(max(s.cached for s in scored) - chosen.cached, request.prompt_tokens)
+        most = max(s.cached for s in allowed)
+        self.reuse.update(most - chosen.cached, request.prompt_tokens)
         self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
@@ -214,5 +211,4 @@ class TtftPolicy:
             "instances": self.model.snapshot(),
             "reuse_price": self.reuse.price,
             "reuse_lost_share": self.reuse.lost_share,
-            "busy_share": self._busy,
         }

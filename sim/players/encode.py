@@ -1,0 +1,141 @@
+"""Game requests -> a Mooncake-format trace plus a text sidecar for live replay.
+
+Hash ids come from the text itself, the way the gateway's approximate mode sees it: each
+request's messages are rendered with `router.blocks.render_chat` and cut into blocks of
+`block_tokens` x 4 characters; block i is named by the chained xxh3 of everything up to
+its end (the last, partial block too), and each distinct chained hash gets the next small
+integer id in order of first appearance. So id k at position i means "this block and
+everything before it", equal prefixes get equal ids, `input_length` is the rendered
+length in tokens (4 characters a token) and `len(hash_ids) == ceil(input_length /
+block_tokens)`, as in the Mooncake traces.
+
+The sidecar (JSON lines) keeps the text once: `{"segment": id, "text": ...}` lines define
+texts before their first use, and each request is
+`{"request": n, "timestamp": ms, "user": session, "max_tokens": k, "tag": ...,
+"messages": [[role, segment id], ...]}`. `iter_sidecar` gives back full chat requests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from router.blocks import chain_seed, estimate_tokens, render_chat
+from sim.players.text import CHARS_PER_TOKEN
+from sim.players.workload import GameRequest
+from sim.traces import TraceRequest
+
+GAME_MODEL = "sim-qwen2.5-32b"
+
+
+class ChainIds:
+    """Chained block hashes of rendered prompts -> small integer ids, first seen first."""
+
+    def __init__(self, block_tokens: int, model: str = GAME_MODEL) -> None:
+        if block_tokens <= 0:
+            raise ValueError("block_tokens must be positive")
+        self.block_chars = block_tokens * CHARS_PER_TOKEN
+        self.seed = chain_seed(model)
+        self._ids: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def ids(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        if len(data) != len(text):  # cut on characters even for non-ASCII text
+            chunks = [
+                text[i : i + self.block_chars].encode("utf-8")
+                for i in range(0, len(text), self.block_chars)
+            ]
+        else:
+            bc = self.block_chars
+            chunks = [data[i : i + bc] for i in range(0, len(data), bc)]
+        out: list[int] = []
+        parent = b""
+        table = self._ids
+        for chunk in chunks:
+            h = xxhash.xxh3_64_intdigest(parent + chunk, self.seed)
+            parent = h.to_bytes(8, "little")
+            ident = table.get(h)
+            if ident is None:
+                ident = table[h] = len(table)
+            out.append(ident)
+        return out
+
+
+def to_trace(requests: Iterable[GameRequest], block_tokens: int) -> list[TraceRequest]:
+    """Mooncake-format records (with the session key) of game requests."""
+    chains = ChainIds(block_tokens)
+    out: list[TraceRequest] = []
+    for r in requests:
+        text = render_chat(r.messages)
+        out.append(
+            TraceRequest(
+                timestamp_ms=round(r.at_s * 1000.0, 3),
+                input_length=estimate_tokens(text),
+                output_length=r.output_tokens,
+                hash_ids=tuple(chains.ids(text)),
+                session=r.session,
+            )
+        )
+    return out
+
+
+def write_sidecar(path: str | Path, requests: Iterable[GameRequest]) -> int:
+    """Write the text sidecar; returns the number of requests written."""
+    by_text: dict[str, int] = {}  # text -> segment id (str hashes are cached: cheap)
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in requests:
+            refs: list[list[Any]] = []
+            for m in r.messages:
+                content = m["content"]
+                sid = by_text.get(content)
+                if sid is None:
+                    sid = by_text[content] = len(by_text)
+                    fh.write(json.dumps({"segment": sid, "text": content}) + "\n")
+                refs.append([m["role"], sid])
+            fh.write(
+                json.dumps(
+                    {
+                        "request": n,
+                        "timestamp": round(r.at_s * 1000.0, 3),
+                        "user": r.session,
+                        "max_tokens": r.output_tokens,
+                        "tag": r.tag,
+                        "messages": refs,
+                    }
+                )
+                + "\n"
+            )
+            n += 1
+    return n
+
+
+def iter_sidecar(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Requests of a sidecar as chat bodies: `timestamp` (ms), `user`, `max_tokens`, `tag`,
+    `messages` ([{"role", "content"}]), in file order."""
+    texts: dict[int, str] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "segment" in obj:
+                texts[int(obj["segment"])] = str(obj["text"])
+                continue
+            yield {
+                "request": obj["request"],
+                "timestamp": obj["timestamp"],
+                "user": obj["user"],
+                "max_tokens": obj["max_tokens"],
+                "tag": obj.get("tag", ""),
+                "messages": [
+                    {"role": role, "content": texts[sid]} for role, sid in obj["messages"]
+                ],
+            }
