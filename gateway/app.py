@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from gateway.admin import build_admin_router
+from gateway.auth import require_api_key
 from gateway.errors import install_error_handlers
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
@@ -122,8 +123,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url=None,
     )
     install_error_handlers(app)
-    app.include_router(build_openai_router())
-    app.include_router(build_admin_router())
+    app.include_router(build_openai_router(), dependencies=[Depends(require_api_key)])
+    app.include_router(build_admin_router(), dependencies=[Depends(require_api_key)])
     app.include_router(build_ops_router())
     app.add_middleware(RequestIdMiddleware)
     return app

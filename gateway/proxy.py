@@ -40,13 +40,15 @@ log = logging.getLogger("warmgate.proxy")
 _FORWARD_REQUEST = ("authorization", "openai-organization", "openai-project", "user-agent")
 
 
-def _request_headers(request: Request, request_id: str) -> dict[str, str]:
+def _request_headers(request: Request, request_id: str, *, forward_auth: bool) -> dict[str, str]:
     headers = {
         "content-type": "application/json",
         "accept-encoding": "identity",
         "x-request-id": request_id,
     }
     for name in _FORWARD_REQUEST:
+        if name == "authorization" and not forward_auth:
+            continue  # the client's key is the gateway's, not the engines'
         value = request.headers.get(name)
         if value is not None:
             headers[name] = value
@@ -94,7 +96,7 @@ async def proxy_completion(
     order = [decision.instance, *(f for f in decision.fallbacks if f in allowed)]
     order = list(dict.fromkeys(order))
     body = upstream_body(parsed, state.settings.stream_upstream)
-    headers = _request_headers(request, request_id)
+    headers = _request_headers(request, request_id, forward_auth=not state.settings.api_keys)
     last: AttemptFailed | None = None
     state.metrics.in_flight.inc()
     for attempt, instance in enumerate(order):

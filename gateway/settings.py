@@ -125,6 +125,7 @@ class Settings(BaseSettings):
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True
+    api_keys: list[str] = Field(default_factory=list)  # empty: no authentication
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     retry_after_s: int = Field(default=1, ge=0)  # Retry-After on 503 (no healthy instance)
     stats_window_s: float = Field(default=300.0, gt=0)  # TTFT percentiles over this window
