@@ -1,5 +1,6 @@
-"""`tierd serve`: parse flags (each with a `WARMGATE_TIERD__<NAME>` env twin), build the
-settings and run the API under uvicorn until SIGINT/SIGTERM."""
+"""`tierd serve`: parse flags (each with a `WARMGATE_TIERD__<NAME>` env twin, and an
+optional YAML file via `--config`), build the settings and run the API under uvicorn until
+SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 
 from tierd.api import create_app
 from tierd.emulation import PROFILES
@@ -40,14 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool")
     p.add_argument("--protect-fraction", type=float)
     p.add_argument("--temp-grace-s", type=float)
+    p.add_argument("--config", type=Path, help="YAML file of settings (flags win over it)")
     p.add_argument("--log-level", default="warning")
     return p
 
 
 def settings_from_args(args: argparse.Namespace) -> TierdSettings:
-    given: dict[str, Any] = {
-        k: v for k, v in vars(args).items() if v is not None and k != "log_level"
-    }
+    """Flags, over the YAML file's values, over `WARMGATE_TIERD__*` env, over defaults."""
+    given: dict[str, Any] = {}
+    if args.config is not None:
+        loaded = yaml.safe_load(args.config.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"{args.config}: expected a mapping of settings")
+        given.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
+    given.update(
+        {k: v for k, v in vars(args).items() if v is not None and k not in ("log_level", "config")}
+    )
     return TierdSettings(**given)
 
 

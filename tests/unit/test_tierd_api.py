@@ -110,3 +110,7 @@ def test_serve_flags_override_env_twins(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert (s.port, s.l1_bytes, s.pool, s.instance_id) == (9, 12345678, "from-env", "flag-id")
     assert s.array_dir == tmp_path and s.fsync is True
     assert settings_from_args(build_parser().parse_args([])).fsync is False
+    cfg = tmp_path / "tierd.yaml"
+    cfg.write_text("l1-bytes: 777\nport: 1234\nsnapshot_bytes: 99\n")
+    s = settings_from_args(build_parser().parse_args(["--config", str(cfg), "--port", "5"]))
+    assert (s.l1_bytes, s.port, s.snapshot_bytes) == (777, 5, 99)
