@@ -9,7 +9,8 @@ lora_id, medium, lora_name]``, ``["BlockRemoved", block_hashes, medium]`` and
 ``block_size`` carries the count (0 when unknown). Each batch goes out on a ZMQ PUB socket
 (frames: topic, 8-byte big-endian seq from 0, payload) and, when Redis is configured, is
 XADDed to ``warmgate:{<pool>}:events`` with fields ``instance``, ``seq``, ``batch``
-(MAXLEN ~). A failed Redis write is counted and dropped, never retried on the hot path.
+(MAXLEN ~). A failed Redis write is counted and dropped, never retried on the hot path;
+if publishing stalls, at most `max_pending_events` wait (oldest dropped, counted).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class EventPublisher:
         maxlen: int = 100_000,
         flush_interval_s: float = 0.01,
         max_batch_events: int = 256,
+        max_pending_events: int = 100_000,
     ) -> None:
         self.instance_id = instance_id
         self.endpoint = endpoint
@@ -59,6 +61,8 @@ class EventPublisher:
         self.maxlen = maxlen
         self.flush_interval_s = flush_interval_s
         self.max_batch_events = max_batch_events
+        self.max_pending_events = max_pending_events
+        self.events_dropped = 0
         self.seq = 0
         self.batches_published = 0
         self.events_published = 0
@@ -81,7 +85,9 @@ class EventPublisher:
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.bind(self.endpoint)
         if self.redis_url:
-            self._redis = aioredis.Redis.from_url(self.redis_url)
+            self._redis = aioredis.Redis.from_url(
+                self.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+            )
         if self.enabled:
             self._task = asyncio.create_task(self._run(), name="tierd-events")
 
@@ -119,6 +125,9 @@ class EventPublisher:
             self._push(["AllBlocksCleared"])
 
     def _push(self, event: list[Any]) -> None:
+        if len(self._pending) >= self.max_pending_events:  # publishing is stuck: shed oldest
+            del self._pending[0]
+            self.events_dropped += 1
         self._pending.append(event)
         if len(self._pending) >= self.max_batch_events:
             self._wake.set()
@@ -167,5 +176,6 @@ class EventPublisher:
             "batches_published": self.batches_published,
             "events_published": self.events_published,
             "redis_errors": self.redis_errors,
+            "events_dropped": self.events_dropped,
             "pending": len(self._pending),
         }
