@@ -69,6 +69,7 @@ class Fleet:
         time_scale: float = 0.001,
         settings: dict[str, Any] | None = None,
         extra_instances: list[dict[str, Any]] | None = None,
+        engine_fields: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = tmp
         self.engines = [Engine(tmp, f"sim-{i}", time_scale, i) for i in range(instances)]
@@ -76,6 +77,7 @@ class Fleet:
         self.base = f"http://127.0.0.1:{self.port}"
         self.settings = settings or {}
         self.extra_instances = extra_instances or []
+        self.engine_fields = engine_fields or {}  # more settings for every engine's entry
         self.gateway: ManagedProcess | None = None
 
     def start(self) -> Fleet:
@@ -94,7 +96,8 @@ class Fleet:
         config: dict[str, Any] = {
             "host": "127.0.0.1",
             "port": self.port,
-            "instances": [{"id": e.id, "url": e.url} for e in self.engines] + self.extra_instances,
+            "instances": [{"id": e.id, "url": e.url, **self.engine_fields} for e in self.engines]
+            + self.extra_instances,
             **self.settings,
         }
         path = self.tmp / "gateway.yaml"

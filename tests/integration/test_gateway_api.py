@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.fleet import MODEL, Fleet
+from tests.e2e.fleet import MODEL, Fleet, wait_until
 
 LIMIT = 64 * 1024
 
@@ -19,7 +19,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     f = Fleet(
         tmp_path_factory.mktemp("gw-api"),
         2,
-        settings={"max_body_bytes": LIMIT},  # the default policy: ttft
+        settings={"max_body_bytes": LIMIT, "tiers": {"stats_interval_s": 0.2}},  # policy: ttft
+        engine_fields={"tierd_url": "http://127.0.0.1:9"},  # a tierd that is not there
     ).start()
     yield f
     f.stop()
@@ -255,3 +256,23 @@ def test_non_streaming_answers_are_assembled_and_timed(client: httpx.Client) -> 
     assert body["usage"]["completion_tokens"] == 7
     # the engine streamed it to the gateway: its first token was seen and timed
     assert client.get("/admin/stats").json()["ttft_s"]["samples"] == before + 1
+
+
+def test_failed_prefetch_hint_never_fails_the_request(fleet: Fleet, client: httpx.Client) -> None:
+    long_prompt = "The tavern is full of travellers from the south. " * 20  # several blocks
+    r = client.post("/v1/chat/completions", json=chat(long_prompt, max_tokens=3))
+    assert r.status_code == 200
+
+    def failed_hints() -> bool:
+        return 'warmgate_prefetch_hints_total{result="failed"}' in client.get("/metrics").text
+
+    wait_until(failed_hints, what="the hint's failure is counted")
+    instances = client.get("/admin/instances").json()["instances"]
+    wait_until(
+        lambda: all(
+            "ConnectError" in str(i["tierd_stats"])
+            for i in client.get("/admin/instances").json()["instances"]
+        ),
+        what="tierd stats polling reports the dead tierd",
+    )
+    assert all(i["tierd_url"] == "http://127.0.0.1:9" for i in instances)
