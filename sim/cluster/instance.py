@@ -84,7 +84,13 @@ class Instance:
     def poke(self, now: float) -> None:
         """Something schedulable appeared: start a step, or cut a coalesced decode run."""
         if not self.busy:
-            self._start_step(now)
+            # wake at the end of this instant, so simultaneous arrivals share the first step
+            self.busy = True
+            self._step_chunks, self._step_decode = [], []
+            self._step_n, self._step_a, self._step_b, self._step_prefill = 0, 0.0, 0.0, 0.0
+            self._step_start = self._step_end = now
+            self.version += 1
+            self.hooks.schedule_step_end(self.idx, now, self.version)
         elif self._step_n > 1 and not self._step_chunks:
             k = self._steps_done_by(now - self._step_start)
             if k + 1 < self._step_n:

@@ -84,14 +84,19 @@ class SimClock:
 
 class ClusterSimulator:
     def __init__(
-        self, config: ClusterConfig, policy: Policy, clock: SimClock | None = None
+        self,
+        config: ClusterConfig,
+        policy: Policy,
+        clock: SimClock | None = None,
+        *,
+        profile: Profile | None = None,  # overrides config.profile (tests, custom hardware)
     ) -> None:
         if config.instances <= 0:
             raise ValueError("instances must be positive")
         if config.rate_scale <= 0:
             raise ValueError("rate_scale must be positive")
         self.config = config
-        self.profile: Profile = get_profile(config.profile)
+        self.profile: Profile = profile or get_profile(config.profile)
         self.clock = clock or SimClock()
         self.names = config.instance_names()
         bt = config.block_tokens

@@ -1,0 +1,175 @@
+"""The discrete-event cluster simulator: hand-checked hits and times on tiny traces,
+demotion to the shared array and loads from it, determinism, the index being fed, and the
+`warmgate bench cluster` command end to end on a small trace file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cluster_cli import main as bench_cluster_main
+from router.index import ARRAY
+from router.policies.registry import default_registry
+from router.types import Tier
+from sim.cluster.metrics import summarise, upper_bound_token_hit_rate
+from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord
+from sim.profiles import Profile, TierBandwidths
+from sim.traces import TraceRequest, write_mooncake
+
+# 1 ms per prefilled token, 10 ms per decode step, nothing else: easy to check by hand
+SIMPLE = Profile(
+    name="simple",
+    source="test",
+    kv_bytes_per_token=1000,
+    prefill_overhead_s=0.0,
+    prefill_per_token_s=1e-3,
+    prefill_attention_s=0.0,
+    step_base_s=0.01,
+    step_per_seq_s=0.0,
+    step_per_kv_token_s=0.0,
+    kv_capacity_tokens=10_000,
+    max_batch_tokens=8192,
+    bandwidths=TierBandwidths(l2_to_l1=1e6, array_to_l1=1e5, l3_to_l1=1e5),
+)
+
+
+def _req(t_ms: float, ids: list[int], tokens: int, out: int = 1) -> TraceRequest:
+    return TraceRequest(t_ms, tokens, out, tuple(ids))
+
+
+def _run(
+    trace: list[TraceRequest], config: ClusterConfig, policy: str = "round_robin"
+) -> tuple[ClusterSimulator, RunRecord]:
+    sim = ClusterSimulator(config, default_registry().create(policy), profile=SIMPLE)
+    return sim, sim.run(trace)
+
+
+def test_prefix_hit_and_times_by_hand() -> None:
+    # 10-token blocks; B shares A's first three blocks and arrives after A is done
+    trace = [_req(0, [1, 2, 3, 4], 40), _req(1000, [1, 2, 3, 5], 40)]
+    cfg = ClusterConfig(instances=1, block_tokens=10, l1_tokens=1000)
+    sim, run = _run(trace, cfg)
+    a, b = run.requests
+    assert a.ttft_s == pytest.approx(0.040)  # 40 tokens at 1 ms
+    assert b.cached_tokens == 30
+    assert b.ttft_s == pytest.approx(0.010)  # only the new block is computed
+    summary = summarise("round_robin", run)
+    assert summary["token_hit_rate"] == pytest.approx(30 / 80)
+    assert summary["hit_rate_by_tier"]["L1"] == pytest.approx(30 / 80)
+    assert summary["requests"] == 2
+    # what the router's index learnt from the instance's residency events
+    match = sim.index.match([1, 2, 3, 5], ["i0"])
+    assert match["i0"] == {Tier.L1: 4}
+
+
+def test_decode_steps_are_coalesced_and_timed() -> None:
+    trace = [_req(0, [1], 10, out=11), _req(0, [2], 10, out=3)]
+    cfg = ClusterConfig(instances=1, block_tokens=10, l1_tokens=1000)
+    _, run = _run(trace, cfg)
+    a, b = run.requests
+    # one step prefills both (20 ms); then both decode: b needs 2 more steps, a 10
+    assert a.ttft_s == pytest.approx(0.020)
+    assert b.finish_s == pytest.approx(0.020 + 2 * 0.010)
+    assert a.finish_s == pytest.approx(0.020 + 10 * 0.010)
+
+
+def test_arrival_cuts_a_decode_run_at_the_step_in_progress() -> None:
+    # a decodes alone from t=10 ms; b arrives at t=45 ms, mid-step (steps end 20, 30, 40, 50)
+    trace = [_req(0, [1], 10, out=100), _req(45, [2], 10)]
+    cfg = ClusterConfig(instances=1, block_tokens=10, l1_tokens=1000)
+    _, run = _run(trace, cfg)
+    b = run.requests[1]
+    # b's prefill joins the step after the one ending at 50 ms: decode 10 ms + 10 tokens
+    assert b.first_token_s == pytest.approx(0.050 + 0.010 + 0.010)
+
+
+def test_eviction_demotes_to_the_array_and_reuse_loads_from_it() -> None:
+    # L1 holds 4 blocks; C's chain pushes A's out to the array; A again then loads it
+    trace = [
+        _req(0, [1, 2, 3, 4], 40),
+        _req(1000, [5, 6, 7, 8], 40),
+        _req(2000, [1, 2, 3, 9], 40),
+    ]
+    cfg = ClusterConfig(instances=1, block_tokens=10, l1_tokens=40, array_tokens=1000)
+    sim, run = _run(trace, cfg)
+    again = run.requests[2]
+    assert again.cached_by_tier == {"array": 30}
+    load_s = 30 * SIMPLE.kv_bytes_per_token / SIMPLE.bandwidths.array_to_l1  # 0.3 s
+    assert again.ttft_s == pytest.approx(load_s + 0.010)
+    summary = summarise("round_robin", run)
+    assert summary["hit_rate_by_tier"]["array"] == pytest.approx(30 / 120)
+    # the array's contents were published to the router's index as ARRAY residency
+    assert sim.index.match([5, 6], ["i0"])["i0"].get(Tier.ARRAY, 0) >= 1
+    assert sim.index.blocks_held(ARRAY) >= 4
+
+
+def test_l2_is_preferred_over_the_array() -> None:
+    trace = [
+        _req(0, [1, 2, 3, 4], 40),
+        _req(1000, [5, 6, 7, 8], 40),
+        _req(2000, [1, 2, 3, 9], 40),
+    ]
+    cfg = ClusterConfig(
+        instances=1, block_tokens=10, l1_tokens=40, l2_tokens=1000, array_tokens=1000
+    )
+    _, run = _run(trace, cfg)
+    again = run.requests[2]
+    assert again.cached_by_tier == {"L2": 30}
+    assert again.ttft_s == pytest.approx(30 * 1000 / 1e6 + 0.010)
+
+
+def _mixed_trace(n: int = 200) -> list[TraceRequest]:
+    out = []
+    for i in range(n):
+        session = i % 17
+        turn = i // 17
+        ids = [0, 1000 + session] + [10_000 * session + k for k in range(turn + 1)]
+        out.append(_req(i * 50.0, ids, len(ids) * 10, out=5 + i % 7))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "prefix", "ttft"])
+def test_runs_are_deterministic(policy: str) -> None:
+    cfg = ClusterConfig(instances=3, block_tokens=10, l1_tokens=200, array_tokens=400)
+    trace = _mixed_trace()
+    runs = [_run(trace, cfg, policy)[1] for _ in range(2)]
+    first, second = (
+        [(r.instance, r.first_token_s, r.finish_s, r.cached_tokens) for r in run.requests]
+        for run in runs
+    )
+    assert first == second
+    assert all(r.finish_s is not None for r in runs[0].requests)
+
+
+def test_upper_bound_is_one_infinite_cache() -> None:
+    trace = [_req(0, [1, 2], 20), _req(1, [1, 2, 3], 25), _req(2, [4], 10)]
+    # second request reuses 20 of 25 tokens; nothing else is reusable
+    assert upper_bound_token_hit_rate(trace, 10) == pytest.approx(20 / 55)
+
+
+def test_bench_cluster_command_writes_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace_path = tmp_path / "t.jsonl"
+    write_mooncake(trace_path, _mixed_trace(120))
+    out = tmp_path / "out.json"
+    rc = bench_cluster_main(
+        [
+            "--trace", str(trace_path), "--block-tokens", "10", "--instances", "3",
+            "--l1-tokens", "300", "--array-tokens", "600", "--profile", "llama3-8b-h100",
+            "--policies", "round_robin,least_load,session,prefix,ttft", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"round_robin", "least_load", "session", "prefix", "ttft"}
+    for figures in data["policies"].values():
+        assert figures["requests"] == 120
+        assert set(figures["hit_rate_by_tier"]) == {"L1", "L2", "array"}
+        assert 0.0 <= figures["token_hit_rate"] <= data["upper_bound_token_hit_rate"] + 1e-9
+        assert figures["ttft_p50_s"] <= figures["ttft_p90_s"] <= figures["ttft_p99_s"]
+        assert figures["load_imbalance"] >= 1.0
+        assert len(figures["utilisation_by_instance"]) == 3
+    assert "| ttft |" in capsys.readouterr().out

@@ -1,0 +1,114 @@
+"""The TTFT cost model: its parts, tier loads hidden behind the queue, bandwidth updates,
+online calibration converging toward what is observed, and the reuse price and rate meter
+the ttft policy uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.cost import CostParams, Prediction, RateMeter, ReusePrice, TtftCostModel
+
+P = CostParams()
+
+
+def _predict(model: TtftCostModel, instance: str = "a", **kw: object) -> Prediction:
+    args: dict[str, object] = dict(
+        prompt_tokens=10_000, cached_tokens_by_tier={}, in_flight=0, queued_prefill_tokens=0
+    )
+    args.update(kw)
+    return model.predict(instance, **args)  # type: ignore[arg-type]
+
+
+def test_uncached_prefill_follows_the_profile() -> None:
+    model = TtftCostModel(P)
+    pred = _predict(model)
+    expected = (
+        P.prefill_overhead_s
+        + P.prefill_per_token_s * 10_000
+        + P.prefill_attention_s * 10_000 * 5_000
+    )
+    assert pred.queue_wait_s == 0.0 and pred.load_s == 0.0
+    assert pred.prefill_s == pytest.approx(expected)
+    assert pred.ttft_s == pytest.approx(expected)
+    assert set(pred.parts()) == {"queue_wait_s", "load_s", "prefill_s"}
+
+
+def test_cached_tokens_cut_prefill_and_queue_adds_wait() -> None:
+    model = TtftCostModel(P)
+    cold = _predict(model)
+    warm = _predict(model, cached_tokens_by_tier={"L1": 9_000})
+    assert warm.prefill_s < cold.prefill_s / 5
+    queued = _predict(model, cached_tokens_by_tier={"L1": 9_000}, queued_prefill_tokens=50_000)
+    assert queued.queue_wait_s > 0.0
+    assert queued.ttft_s == pytest.approx(queued.queue_wait_s + queued.prefill_s)
+    busy = _predict(model, cached_tokens_by_tier={"L1": 9_000}, in_flight=30)
+    assert busy.prefill_s > warm.prefill_s  # decode steps share the prefill's steps
+
+
+def test_tier_loads_cost_bytes_over_bandwidth_minus_what_the_queue_hides() -> None:
+    model = TtftCostModel(P)
+    pred = _predict(model, cached_tokens_by_tier={"array": 8_000})
+    load = 8_000 * P.kv_bytes_per_token / P.bandwidths["array"]
+    assert pred.load_s == pytest.approx(load)
+    l2 = _predict(model, cached_tokens_by_tier={"L2": 8_000})
+    assert l2.load_s == pytest.approx(8_000 * P.kv_bytes_per_token / P.bandwidths["L2"])
+    # a prefetch started at routing time overlaps the queue wait
+    hidden = _predict(model, cached_tokens_by_tier={"array": 8_000}, queued_prefill_tokens=40_000)
+    assert hidden.load_s == pytest.approx(max(0.0, load - hidden.queue_wait_s))
+    # measured bandwidths replace the defaults, per instance
+    model.set_bandwidths("a", {"array": P.bandwidths["array"] / 4})
+    slower = _predict(model, cached_tokens_by_tier={"array": 8_000})
+    assert slower.load_s == pytest.approx(4 * load)
+    assert _predict(model, "b", cached_tokens_by_tier={"array": 8_000}).load_s == pytest.approx(
+        load
+    )
+
+
+@pytest.mark.parametrize("truth", [0.5, 2.5])
+def test_calibration_converges_toward_observed(truth: float) -> None:
+    model = TtftCostModel(P)
+    assert model.speed_factor("a") == 1.0
+    errors = []
+    for i in range(120):
+        cached = (i * 997) % 8_000
+        pred = _predict(model, cached_tokens_by_tier={"L1": cached}, queued_prefill_tokens=i * 50)
+        observed = truth * pred.compute_s  # an instance `truth` times slower than the profile
+        errors.append(abs(pred.ttft_s - observed) / observed)
+        model.observe(
+            "a", prompt_tokens=10_000, cached_tokens=cached, ttft_s=observed, prediction=pred
+        )
+    assert model.speed_factor("a") == pytest.approx(truth, rel=0.05)
+    assert errors[-1] < 0.05 < errors[0]
+    assert model.speed_factor("other") == 1.0  # per instance
+
+
+def test_outcomes_without_prediction_only_move_running_means() -> None:
+    model = TtftCostModel(P)
+    for _ in range(50):
+        model.observe("a", prompt_tokens=1_000, cached_tokens=900, ttft_s=3.0, prediction=None)
+    snap = model.snapshot()["a"]
+    assert snap["speed_factor"] == 1.0
+    assert snap["uncached_fraction"] < 0.2
+    assert snap["mean_context_tokens"] == pytest.approx(1_000)
+
+
+def test_reuse_price_rises_over_budget_and_falls_back() -> None:
+    price = ReusePrice(budget=0.01, step=0.05, price_max=3.0)
+    for _ in range(400):
+        price.update(lost_tokens=500, prompt_tokens=10_000)  # 5% given up
+    assert price.price == pytest.approx(3.0)  # capped
+    for _ in range(3_000):
+        price.update(lost_tokens=0, prompt_tokens=10_000)
+    assert price.price == 0.0
+    assert price.lost_share < 0.01
+
+
+def test_rate_meter_measures_arrivals_per_second() -> None:
+    meter = RateMeter(window_s=10.0)
+    assert meter.rate(0.0) == 0.0
+    t = 0.0
+    for _ in range(400):  # 4 per second for 100 s
+        meter.tick(t)
+        t += 0.25
+    assert meter.rate(t) == pytest.approx(4.0, rel=0.1)
+    assert meter.rate(t + 60.0) < 0.1  # decays when arrivals stop

@@ -1,0 +1,141 @@
+"""The ttft policy: it goes where the prompt is cached when that is cheap, replicates when
+the cached instance is overloaded, respects the load cap, breaks near-ties by session
+affinity, weighs tier loads by bandwidth, explains itself and learns from outcomes."""
+
+from __future__ import annotations
+
+from router.policies.base import InstanceView, Outcome
+from router.policies.registry import default_registry
+from router.policies.ttft import TtftPolicy
+from router.types import RouteRequest, Tier
+
+BT = 64
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.5
+        return self.t
+
+
+def _req(blocks: int = 300, session: str | None = None) -> RouteRequest:
+    return RouteRequest(
+        model="m",
+        block_hashes=list(range(blocks)),
+        block_tokens=BT,
+        prompt_tokens=blocks * BT,
+        session_key=session,
+    )
+
+
+def _view(
+    name: str,
+    *,
+    l1: int = 0,
+    array: int = 0,
+    in_flight: int = 0,
+    queued: int = 0,
+) -> InstanceView:
+    matched = {}
+    if l1:
+        matched[Tier.L1] = l1
+    if array:
+        matched[Tier.ARRAY] = array
+    return InstanceView(
+        id=name, in_flight=in_flight, queued_prefill_tokens=queued, matched_blocks=matched
+    )
+
+
+def _policy(**kw: object) -> TtftPolicy:
+    return TtftPolicy(clock=Clock(), **kw)  # type: ignore[arg-type]
+
+
+def test_registered_under_its_name() -> None:
+    policy = default_registry().create("ttft", clock=Clock())
+    assert policy.name == "ttft"
+
+
+def test_picks_the_cached_instance_when_that_is_cheap() -> None:
+    policy = _policy()
+    views = [_view("a"), _view("b", l1=280, in_flight=2, queued=2_000), _view("c")]
+    d = policy.choose(_req(), views)
+    assert d.instance == "b"
+    assert d.cached_tokens == 280 * BT
+    assert d.cached_tokens_by_tier == {"L1": 280 * BT}
+    scores = {c.instance: c for c in d.candidates}
+    assert set(scores) == {"a", "b", "c"}
+    for c in d.candidates:
+        assert c.predicted_ttft_s is not None
+        assert set(c.parts) == {"queue_wait_s", "load_s", "prefill_s"}
+        assert c.predicted_ttft_s >= c.parts["prefill_s"]
+    assert scores["b"].predicted_ttft_s < scores["a"].predicted_ttft_s  # type: ignore[operator]
+    assert d.predicted_ttft_s == scores["b"].predicted_ttft_s
+    assert set(d.fallbacks) == {"a", "c"}
+
+
+def test_replicates_when_the_cached_instance_is_overloaded() -> None:
+    policy = _policy()
+    # b holds the prefix but has a minute of prefill queued; recomputing elsewhere wins
+    views = [_view("a"), _view("b", l1=280, in_flight=6, queued=600_000)]
+    d = policy.choose(_req(), views)
+    assert d.instance == "a"
+    scores = {c.instance: c for c in d.candidates}
+    assert scores["b"].parts["queue_wait_s"] > scores["a"].parts["prefill_s"]
+
+
+def test_load_cap_keeps_a_hot_prefix_from_hot_spotting() -> None:
+    policy = _policy(load_cap=2.0, load_cap_min=4)
+    # everyone matches the hot world prefix on b, which already holds most requests
+    views = [_view("a", in_flight=2), _view("b", l1=280, in_flight=40), _view("c", in_flight=3)]
+    d = policy.choose(_req(), views)
+    assert d.instance in {"a", "c"}
+    assert "load cap" in d.reason
+    assert d.fallbacks[-1] == "b"
+
+
+def test_near_ties_follow_the_session() -> None:
+    policy = _policy()
+    views = [_view(name) for name in "abcd"]
+    chosen = {s: policy.choose(_req(session=s), views).instance for s in map(str, range(40))}
+    again = {s: policy.choose(_req(session=s), views).instance for s in map(str, range(40))}
+    assert chosen == again  # the same session lands on the same instance
+    assert len(set(chosen.values())) >= 3  # different sessions spread out
+    # without a session key, the tie goes to the instance holding more of the prompt
+    views = [_view("a"), _view("b", l1=1), _view("c")]
+    assert policy.choose(_req(), views).instance == "b"
+
+
+def test_array_blocks_cost_their_load_time() -> None:
+    policy = _policy()
+    views = [_view("a", array=280), _view("b")]
+    d = policy.choose(_req(), views)
+    assert d.instance == "a"  # loading 280 blocks beats recomputing them
+    assert d.cached_tokens_by_tier == {"array": 280 * BT}
+    load = {c.instance: c.parts["load_s"] for c in d.candidates}["a"]
+    policy.set_bandwidths("a", {"array": 1e6})  # a crawling array: recompute instead
+    d2 = policy.choose(_req(), views)
+    assert d2.instance == "b"
+    assert {c.instance: c.parts["load_s"] for c in d2.candidates}["a"] > 100 * load
+
+
+def test_observed_ttfts_calibrate_the_prediction() -> None:
+    policy = _policy()
+    views = [_view("a", l1=100)]
+    before = policy.choose(_req(), views).predicted_ttft_s
+    assert before is not None
+    for _ in range(60):
+        d = policy.choose(_req(), views)
+        policy.observe(
+            Outcome(
+                instance="a",
+                prompt_tokens=300 * BT,
+                predicted_cached_tokens=d.cached_tokens,
+                ttft_s=3.0 * before,  # this instance is three times slower than its profile
+            )
+        )
+    after = policy.choose(_req(), views).predicted_ttft_s
+    assert after is not None
+    assert abs(after - 3.0 * before) < 0.1 * before
