@@ -254,6 +254,11 @@ def run(args: argparse.Namespace) -> int:
                         str(snap),
                         "--emulate",
                         args.profile,
+                        "--time-scale",
+                        str(args.time_scale),
+                        # the sim engine's scaled slices are a few KiB: small L1 slots
+                        "--slice-bytes",
+                        "16384",
                         "--instance-id",
                         iid,
                     ],

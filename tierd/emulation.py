@@ -8,7 +8,9 @@ payload length. Each tier is one link: transfers queue on it (start = max(now, b
 busy until += bytes ÷ bandwidth), so concurrent loads share the bandwidth as a real link
 does; the caller sleeps (cancellably) until its transfer's end; a transfer cancelled with
 nothing queued behind it hands its unused time back. Flags `--array-gbps` and
-`--snapshot-gbps` override a profile's figures (or give them without a profile).
+`--snapshot-gbps` override a profile's figures (or give them without a profile). `--time-scale`
+matches the simulated engines' clock (0.1 = ten times faster than real time), so emulated
+loads and emulated compute stay in proportion.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ PROFILES: dict[str, EmulationProfile] = {
 class Link:
     """One emulated tier → L1 link of a fixed bandwidth (0 = free)."""
 
-    def __init__(self, bytes_per_s: float) -> None:
+    def __init__(self, bytes_per_s: float, time_scale: float = 1.0) -> None:
         self.bytes_per_s = bytes_per_s
+        self.time_scale = time_scale  # wall seconds per emulated second (engines' --time-scale)
         self._busy_until = 0.0
 
     @property
@@ -67,7 +70,7 @@ class Link:
             return
         now = time.monotonic()
         start = max(now, self._busy_until)
-        end = start + nbytes / self.bytes_per_s
+        end = start + nbytes / self.bytes_per_s * self.time_scale
         self._busy_until = end
         try:
             await asyncio.sleep(end - now)
@@ -87,6 +90,7 @@ class Emulator:
         profile: str | None,
         array_gbps: float | None = None,
         snapshot_gbps: float | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         p = PROFILES.get(profile) if profile else None
         if profile and p is None:
@@ -96,8 +100,11 @@ class Emulator:
         snap_bps = (
             snapshot_gbps * 1e9 if snapshot_gbps is not None else (p.snapshot_bps if p else 0.0)
         )
-        self.array = Link(array_bps)
-        self.snapshot = Link(snap_bps)
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.time_scale = time_scale
+        self.array = Link(array_bps, time_scale)
+        self.snapshot = Link(snap_bps, time_scale)
 
     def charged_bytes(self, payload_bytes: int, tokens: int | None) -> int:
         if self.profile is not None and tokens:
@@ -111,4 +118,5 @@ class Emulator:
             "kv_bytes_per_token": self.profile.kv_bytes_per_token if self.profile else None,
             "array_bytes_per_s": self.array.bytes_per_s or None,
             "snapshot_bytes_per_s": self.snapshot.bytes_per_s or None,
+            "time_scale": self.time_scale,
         }

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", choices=sorted(PROFILES), help="charge real-model load times")
     p.add_argument("--array-gbps", type=float, help="emulated array→L1 GB/s (overrides)")
     p.add_argument("--snapshot-gbps", type=float, help="emulated snapshot→L1 GB/s")
+    p.add_argument(
+        "--time-scale", type=float, help="wall seconds per emulated second (match the engines)"
+    )
     p.add_argument("--events-endpoint", help="ZMQ PUB bind address, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--events-topic")
     p.add_argument("--redis-url", help="also XADD events to warmgate:{pool}:events")

@@ -42,6 +42,7 @@ class TierdSettings(BaseSettings):
     emulate: str | None = None
     array_gbps: float | None = None
     snapshot_gbps: float | None = None
+    time_scale: float = Field(default=1.0, gt=0)  # wall seconds per emulated second
     # Residency events.
     events_endpoint: str | None = None
     events_topic: str = "kv-events"

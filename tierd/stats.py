@@ -44,7 +44,10 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
             },
         },
         "bandwidth_bytes_per_s": {
-            "measured": {k: m.rate() for k, m in st.meters.items()},
+            # in emulated seconds, like the engines' clock: wall rate x time scale
+            "measured": {
+                k: _emulated(m.rate(), st.emulator.time_scale) for k, m in st.meters.items()
+            },
             "configured": {
                 "array": st.emulator.array.bytes_per_s or None,
                 "snapshot": st.emulator.snapshot.bytes_per_s or None,
@@ -64,3 +67,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
         "idle_snapshots": c.idle_snapshots,
         "events": st.events.stats(),
     }
+
+
+def _emulated(wall_rate: float | None, time_scale: float) -> float | None:
+    return None if wall_rate is None else wall_rate * time_scale

@@ -60,7 +60,9 @@ class TieredStore:
         self.counters = StoreCounters()
         self.history = AccessHistory(settings.lru_k, settings.history_entries)
         self.sessions = SessionTracker(settings.session_ttl_s, settings.max_sessions, clock)
-        self.emulator = Emulator(settings.emulate, settings.array_gbps, settings.snapshot_gbps)
+        self.emulator = Emulator(
+            settings.emulate, settings.array_gbps, settings.snapshot_gbps, settings.time_scale
+        )
         self.l1 = L1Arena(settings.l1_bytes, settings.slice_bytes, settings.l1_backend)
         self.l1_order = LruK(self.history)
         self.array = ArrayDir(settings.array_dir, settings.slice_bytes, fsync=settings.fsync)
