@@ -19,7 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.errors import model_not_found, no_healthy_instance
-from gateway.parse import parse_chat, parse_completion, parse_json_object, read_body, route_request
+from gateway.parse import parse_chat, parse_completion, parse_json_object, read_body
+from gateway.routing import request_for_routing
 from gateway.state import app_state
 from router.types import NoCandidateError
 
@@ -98,7 +99,7 @@ def build_admin_router() -> APIRouter:
         if parsed.model not in state.health.known_models():
             raise model_not_found(parsed.model)
         candidates = state.health.candidates_for(parsed.model)
-        rr = route_request(parsed, state.settings.routing)
+        rr = await request_for_routing(state, parsed, candidates)
         try:
             decision = state.router.route(rr, candidates)
         except NoCandidateError:
@@ -111,6 +112,7 @@ def build_admin_router() -> APIRouter:
         return JSONResponse(
             {
                 "request": {
+                    "mode": state.settings.routing.mode,
                     "model": parsed.model,
                     "session_key": parsed.session_key,
                     "prompt_tokens": rr.prompt_tokens,

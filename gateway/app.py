@@ -32,6 +32,7 @@ from gateway.settings import Settings, load_settings
 from gateway.state import AppState
 from gateway.stats import GatewayStats
 from gateway.tier_stats import run_poller
+from gateway.tokens import PreciseChains
 
 log = logging.getLogger("warmgate.app")
 
@@ -76,6 +77,8 @@ def build_state(settings: Settings) -> AppState:
         started_at=time.time(),
     )
     state.closers.append(health_client.aclose)
+    if settings.routing.mode == "precise":
+        state.precise = PreciseChains(settings.routing.precise, client, state.health, state.metrics)
     return state
 
 

@@ -79,6 +79,11 @@ class GatewayMetrics:
             "Requests this gateway is proxying right now.",
             registry=r,
         )
+        self.precise_fallbacks = Counter(
+            "warmgate_precise_fallbacks",
+            "Requests routed in approximate mode because precise mode could not tokenize them.",
+            registry=r,
+        )
         self.prefetch_hints = Counter(
             "warmgate_prefetch_hints",
             "Prefetch hints sent to tierd, by result (sent, failed).",

@@ -67,6 +67,10 @@ class Prefetcher:
     def available(self) -> bool:
         return bool(self.clients)
 
+    def wants(self, instance: str) -> bool:
+        """Whether a hint to `instance` would be sent (so its chain is worth computing)."""
+        return self._enabled and instance in self.clients
+
     def hint(
         self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None = None
     ) -> bool:

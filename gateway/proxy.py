@@ -30,7 +30,8 @@ from gateway.errors import (
     no_healthy_instance,
 )
 from gateway.exchange import Exchange
-from gateway.parse import ParsedRequest, route_request, upstream_body
+from gateway.parse import ParsedRequest, upstream_body
+from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
 from gateway.upstream import AttemptFailed, assemble, stream, whole
 from router.types import NoCandidateError
@@ -74,7 +75,7 @@ async def proxy_completion(
     retry_after = state.settings.retry_after_s
     if not candidates:
         raise no_healthy_instance(parsed.model, retry_after)
-    rr = route_request(parsed, state.settings.routing)
+    rr = await request_for_routing(state, parsed, candidates)
     shared = state.session_binder()  # gateway/shared.py: cross-replica session binding
     if shared is not None:
         await shared.lookup(rr)
@@ -86,12 +87,13 @@ async def proxy_completion(
         decision = shared.bind(rr, decision, candidates)
     state.metrics.decisions.labels(decision.instance, decision.policy).inc()
     ex = Exchange(state, parsed, rr, decision, started, request_id)
-    state.prefetcher.hint(
-        decision.instance,
-        rr.block_hashes,
-        state.settings.tiers.prefetch_deadline_s,
-        parsed.session_key,
-    )
+    if state.prefetcher.wants(decision.instance):
+        state.prefetcher.hint(
+            decision.instance,
+            hint_chain(state, parsed, rr),
+            state.settings.tiers.prefetch_deadline_s,
+            parsed.session_key,
+        )
     allowed = set(candidates)
     order = [decision.instance, *(f for f in decision.fallbacks if f in allowed)]
     order = list(dict.fromkeys(order))

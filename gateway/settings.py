@@ -35,9 +35,22 @@ class InstanceSettings(BaseModel):
         return value.rstrip("/") if value else value
 
 
+class PreciseSettings(BaseModel):
+    """Precise mode: blocks cut from real tokens and hashed as the engines hash them."""
+
+    hash: Literal["vllm", "xxh3"] = "vllm"  # vLLM's portable block hash, or warmgate's xxh3
+    vllm_hash_algo: Literal["sha256_cbor", "xxhash_cbor"] = "sha256_cbor"
+    hash_seed: str | None = None  # the engines' PYTHONHASHSEED (required for "vllm")
+    block_size: int = Field(default=16, ge=1)  # the engines' KV block size in tokens
+    tokenizer: str | None = None  # "module:factory" returning a local tokenizer; None: /tokenize
+    tokenize_timeout_s: float = Field(default=2.0, gt=0)
+
+
 class RoutingSettings(BaseModel):
     """Which policy routes, with what parameters, over which block size."""
 
+    mode: Literal["approximate", "precise"] = "approximate"
+    precise: PreciseSettings = Field(default_factory=lambda: PreciseSettings())
     policy: str = "ttft"  # the TTFT-predicting policy; "prefix" is the SGLang-style baseline
     params: dict[str, Any] = Field(default_factory=dict)  # passed to the policy's factory
     block_tokens: int = Field(default=64, ge=1)  # tokens per block (approximate mode)
@@ -48,6 +61,16 @@ class RoutingSettings(BaseModel):
     @property
     def block_chars(self) -> int:
         return self.block_tokens * self.chars_per_token
+
+    @model_validator(mode="after")
+    def _precise_needs_seed(self) -> RoutingSettings:
+        p = self.precise
+        if self.mode == "precise" and p.hash == "vllm" and p.hash_seed is None:
+            raise ValueError(
+                "routing.mode=precise with the vllm hash needs routing.precise.hash_seed "
+                "(the engines' PYTHONHASHSEED): without it vLLM's hashes are random"
+            )
+        return self
 
 
 class TimeoutSettings(BaseModel):

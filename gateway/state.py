@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prefetch import Prefetcher
 from gateway.settings import Settings
 from gateway.stats import GatewayStats
+from gateway.tokens import PreciseChains
 from router.router import Router
 from router.types import Decision, RouteRequest
 
@@ -57,6 +58,7 @@ class AppState:
     router: Router
     prefetcher: Prefetcher
     started_at: float
+    precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)

@@ -17,7 +17,15 @@ MODEL = "sim-qwen2.5-32b"
 class Engine:
     """One simulated engine process (restartable on the same port)."""
 
-    def __init__(self, tmp: Path, instance_id: str, time_scale: float, seed: int) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        instance_id: str,
+        time_scale: float,
+        seed: int,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.extra_args = extra_args
         self.id = instance_id
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -41,6 +49,7 @@ class Engine:
             str(self.time_scale),
             "--seed",
             str(self.seed),
+            *self.extra_args,
         )
         self.proc = ManagedProcess(args, self.tmp / f"engine-{self.id}-{self.starts}.log")
 
@@ -70,9 +79,12 @@ class Fleet:
         settings: dict[str, Any] | None = None,
         extra_instances: list[dict[str, Any]] | None = None,
         engine_fields: dict[str, Any] | None = None,
+        engine_args: tuple[str, ...] = (),
     ) -> None:
         self.tmp = tmp
-        self.engines = [Engine(tmp, f"sim-{i}", time_scale, i) for i in range(instances)]
+        self.engines = [
+            Engine(tmp, f"sim-{i}", time_scale, i, engine_args) for i in range(instances)
+        ]
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.settings = settings or {}

@@ -1,0 +1,163 @@
+"""Precise mode at the gateway: a request's block chain cut from its real tokens and hashed
+exactly as the engines hash their KV blocks, so the router's index, its predictions and the
+engines' KV events all speak of the same blocks.
+
+Tokens come from a local tokenizer when one is configured (`routing.precise.tokenizer`,
+"module:factory"; the factory returns a callable taking the tokenize payload and returning
+token ids, sync or async), else from an engine's vLLM-compatible `POST /tokenize` (chat
+requests send `messages` and `tools`, so the engine applies its own chat template; the
+healthy candidates take turns). Hashing is `router.precise`'s (vLLM's `sha256_cbor` /
+`xxhash_cbor` with the engines' hash seed, or warmgate's xxh3 chain). When tokens cannot be
+had (no answer in time, a prompt shape /tokenize does not take) the request is routed in
+approximate mode and the fallback is counted: routing never fails because of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import httpx
+
+from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
+from gateway.parse import ParsedRequest
+from gateway.settings import PreciseSettings
+from router.precise import (
+    BlockHasher,
+    Tokenizer,
+    VllmBlockHasher,
+    Xxh3BlockHasher,
+    precise_route_request,
+)
+from router.types import RouteRequest
+
+log = logging.getLogger("warmgate.tokens")
+
+
+class TokenizeUnavailable(Exception):
+    """No tokens for this request: route it in approximate mode."""
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """The local tokenizer named `module:factory` (the factory is called once)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"routing.precise.tokenizer must be 'module:factory', not {spec!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    tokenizer: Tokenizer = factory()
+    return tokenizer
+
+
+def tokenize_payload(parsed: ParsedRequest) -> dict[str, Any]:
+    """The body of a vLLM-compatible `/tokenize` call for this request."""
+    body = parsed.body
+    if parsed.kind == "chat":
+        payload: dict[str, Any] = {
+            "model": parsed.model,
+            "messages": body["messages"],
+            "add_generation_prompt": True,
+        }
+        if body.get("tools"):
+            payload["tools"] = body["tools"]
+        return payload
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise TokenizeUnavailable("only a single text prompt can be tokenized")
+    return {"model": parsed.model, "prompt": prompt}
+
+
+def _identity(tokens: Any) -> Sequence[int]:
+    return list(tokens)
+
+
+class PreciseChains:
+    """Builds token-exact `RouteRequest`s; one per app."""
+
+    def __init__(
+        self,
+        settings: PreciseSettings,
+        client: httpx.AsyncClient,
+        health: HealthChecker,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._health = health
+        self._metrics = metrics
+        self._turn = itertools.count()
+        self._local = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+        self._xxh3: dict[str, Xxh3BlockHasher] = {}  # per model (seeded by it)
+        self._vllm = (
+            VllmBlockHasher(
+                hash_seed=settings.hash_seed,
+                block_size=settings.block_size,
+                algo=settings.vllm_hash_algo,
+            )
+            if settings.hash == "vllm" and settings.hash_seed is not None
+            else None
+        )
+
+    def _hasher(self, model: str) -> BlockHasher:
+        if self._vllm is not None:
+            return self._vllm
+        hasher = self._xxh3.get(model)
+        if hasher is None:
+            hasher = self._xxh3[model] = Xxh3BlockHasher(
+                model=model, block_size=self._settings.block_size
+            )
+        return hasher
+
+    async def _engine_tokenize(
+        self, payload: dict[str, Any], candidates: Sequence[str]
+    ) -> Sequence[int]:
+        instance = candidates[next(self._turn) % len(candidates)]
+        url = f"{self._health.instance_url(instance)}/tokenize"
+        resp = await self._client.post(url, json=payload, timeout=self._settings.tokenize_timeout_s)
+        resp.raise_for_status()
+        tokens = resp.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise TokenizeUnavailable(f"{instance}/tokenize answered no token list")
+        return [int(t) for t in tokens]
+
+    async def route_request(
+        self, parsed: ParsedRequest, candidates: Sequence[str]
+    ) -> RouteRequest | None:
+        """The token-exact request, or None (counted) when tokens could not be had."""
+        prompt = parsed.body.get("prompt")
+        try:
+            payload: Any
+            tokenize: Tokenizer
+            if (
+                parsed.kind == "completion"
+                and isinstance(prompt, list)
+                and prompt
+                and all(isinstance(t, int) for t in prompt)
+            ):
+                payload, tokenize = prompt, _identity  # already token ids
+            elif self._local is not None:
+                payload, tokenize = tokenize_payload(parsed), self._local
+            else:
+                payload = tokenize_payload(parsed)
+
+                def tokenize(p: Any) -> Awaitable[Sequence[int]]:
+                    return self._engine_tokenize(p, candidates)
+
+            return await precise_route_request(
+                payload,
+                tokenize=tokenize,
+                hasher=self._hasher(parsed.model),
+                model=parsed.model,
+                cache_salt=parsed.cache_salt,
+                session_key=parsed.session_key,
+                max_tokens=parsed.max_tokens,
+            )
+        except (httpx.HTTPError, TokenizeUnavailable, ValueError, TypeError) as exc:
+            self._metrics.precise_fallbacks.inc()
+            log.warning("precise mode unavailable, routing approximately: %r", exc)
+            return None
