@@ -8,6 +8,8 @@ from pathlib import Path
 
 from bench.replay import ReplayItem
 from bench.synth_text import mooncake_items
+from sim.players.params import GameParams
+from sim.players.workload import generate
 
 
 def trace_items(
@@ -29,5 +31,16 @@ def trace_items(
 
 
 def game_items(players: int, minutes: float, seed: int) -> list[ReplayItem]:
-    """The game workload for `players` over `minutes`, generated in process."""
-    raise NotImplementedError("sim.players has not landed yet")
+    """The game workload for `players` over `minutes` (sim.players' defaults otherwise),
+    generated in process: each request's messages, reply length and session key."""
+    requests = generate(GameParams(players=players, minutes=minutes, seed=seed))
+    return [
+        ReplayItem(
+            at_s=r.at_s,
+            messages=[dict(m) for m in r.messages],
+            max_tokens=r.output_tokens,
+            session=r.session,
+            tag=r.tag,
+        )
+        for r in requests
+    ]
