@@ -78,6 +78,7 @@ def start_fleet(
                 # The original sgl-router fallback: an unmatched request goes to the instance
                 # whose tree is smallest, which differs between replicas (each has routed
                 # different requests), so only the shared binding keeps a player in place.
+                "WARMGATE_ROUTING__POLICY": "prefix",  # its params below; the default is ttft
                 "WARMGATE_ROUTING__PARAMS": json.dumps({"fallback": "smallest_tree"}),
             }
             procs[rid] = ManagedProcess(
