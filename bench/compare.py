@@ -33,7 +33,7 @@ from bench.overhead import measure_overhead
 from bench.peers import REPO, FleetSpec, fleet_with_gateway, peer_missing
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
-from bench.workloads import game_items, trace_items
+from bench.workloads import game_items, sidecar_items, trace_items
 
 OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
 OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
@@ -41,7 +41,10 @@ OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="warmgate bench compare", description=__doc__)
-    p.add_argument("--workload", required=True, help="game | trace:FILE (Mooncake format)")
+    p.add_argument(
+        "--workload", required=True,
+        help="game | sidecar:FILE (a game text sidecar) | trace:FILE (Mooncake format)",
+    )  # fmt: skip
     p.add_argument("--players", type=int, default=60, help="game: players")
     p.add_argument("--minutes", type=float, default=3.0, help="minutes of traffic")
     p.add_argument("--instances", type=int, default=3)
@@ -92,7 +95,10 @@ def _workload(args: argparse.Namespace) -> tuple[list[ReplayItem], str]:
             path, minutes=args.minutes, block_tokens=args.trace_block_tokens, seed=args.seed
         )
         return items, f"trace-{path.stem}"
-    raise SystemExit(f"unknown --workload {args.workload!r}: game | trace:FILE")
+    if args.workload.startswith("sidecar:"):
+        path = Path(args.workload[8:])
+        return sidecar_items(path, minutes=args.minutes), f"sidecar-{path.stem}"
+    raise SystemExit(f"unknown --workload {args.workload!r}: game | sidecar:FILE | trace:FILE")
 
 
 def _write_records(path: Path, records: Sequence[RequestRecord]) -> None:
@@ -129,7 +135,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     items, kind = await asyncio.to_thread(_workload, args)
     if not items:
         raise SystemExit("the workload is empty")
-    who = f"{args.players}p-" if kind == "game" else ""
+    who = f"{args.players}p-" if kind == "game" else ""  # sidecars and traces fix their own
     name = args.name or f"{kind}-{who}{args.minutes:g}m-{args.instances}i"
     out_dir = Path(args.results_dir) / f"{started:%Y-%m-%d}-{name}"
     tmp = out_dir / "tmp"

@@ -1,5 +1,6 @@
-"""Workloads for live replay: the game workload (sim.players, in process) and Mooncake-format
-trace files (text synthesised by bench.synth_text), both as `ReplayItem`s."""
+"""Workloads for live replay, as `ReplayItem`s: the game workload (sim.players, generated in
+process, or read from the text sidecar `warmgate trace game` writes) and Mooncake-format
+trace files (text synthesised by bench.synth_text)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from bench.replay import ReplayItem
 from bench.synth_text import mooncake_items
+from sim.players.encode import iter_sidecar
 from sim.players.params import GameParams
 from sim.players.workload import generate
 
@@ -44,3 +46,22 @@ def game_items(players: int, minutes: float, seed: int) -> list[ReplayItem]:
         )
         for r in requests
     ]
+
+
+def sidecar_items(path: Path, *, minutes: float | None = None) -> list[ReplayItem]:
+    """The requests of a game text sidecar (the first `minutes` of it when given)."""
+    items: list[ReplayItem] = []
+    for req in iter_sidecar(path):
+        at_s = float(req["timestamp"]) / 1000.0
+        if minutes is not None and at_s >= minutes * 60.0:
+            continue
+        items.append(
+            ReplayItem(
+                at_s=at_s,
+                messages=list(req["messages"]),
+                max_tokens=int(req["max_tokens"]),
+                session=req["user"],
+                tag=str(req.get("tag", "")),
+            )
+        )
+    return items

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bench.replay import Progress, ReplayItem, build_body, instance_from_headers, replay
+from bench.workloads import game_items, sidecar_items
+from sim.players.encode import write_sidecar
+from sim.players.params import GameParams
+from sim.players.workload import generate
 from tests.support.procs import ManagedProcess, free_port, python_module
 
 MODEL = "sim-test"
@@ -114,3 +119,19 @@ def test_progress_writes_lines_when_not_a_terminal() -> None:
     progress.done, progress.errors = 4, 1
     progress.update(force=True)
     assert "4/4" in out.getvalue() and "errors 1" in out.getvalue()
+
+
+def test_game_workload_in_process_and_from_its_sidecar_agree(tmp_path: Path) -> None:
+    items = game_items(8, 1.0, 3)
+    assert items and all(i.session and i.max_tokens > 0 for i in items)
+    assert [i.at_s for i in items] == sorted(i.at_s for i in items)
+    requests = generate(GameParams(players=8, minutes=1.0, seed=3))
+    sidecar = tmp_path / "game.sidecar.jsonl"
+    write_sidecar(sidecar, requests)
+    loaded = sidecar_items(sidecar)
+    assert len(loaded) == len(items)
+    for a, b in zip(items, loaded, strict=True):
+        assert a.messages == b.messages and a.session == b.session
+        assert a.max_tokens == b.max_tokens and a.at_s == pytest.approx(b.at_s, abs=1e-3)
+    half = sidecar_items(sidecar, minutes=0.5)
+    assert 0 < len(half) < len(loaded) and all(i.at_s < 30.0 for i in half)
