@@ -72,12 +72,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-claims", action="store_true")
     p.add_argument("--overhead-step-s", type=float, default=2.0)
     p.add_argument("--overhead-gateways", default=",".join(OVERHEAD_GATEWAYS))
-    p.add_argument("--overhead-rates", default="20,50,100,200", help="req/s ladder")
+    p.add_argument("--overhead-rates", default="10,25,50,100,200", help="req/s ladder")
     p.add_argument("--overhead-streams", default="64,512", help="concurrent stream caps")
+    p.add_argument("--overhead-min-requests", type=int, default=60, help="per rate step")
     p.add_argument("--claims-levels", default="8,16", help="concurrent requests per instance")
     p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
     p.add_argument(
-        "--claims-budget-s", type=float, default=50.0, help="wall seconds of sending per run"
+        "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
     )
     return p.parse_args(list(argv))
 
@@ -201,7 +202,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         _log("overhead: zero-profile engine, direct vs each gateway")
         results["overhead"] = await measure_overhead(
             [g for g in args.overhead_gateways.split(",") if g], tmp,
-            step_s=args.overhead_step_s,
+            step_s=args.overhead_step_s, min_requests=args.overhead_min_requests,
             rates=[float(x) for x in args.overhead_rates.split(",") if x],
             streams=[int(x) for x in args.overhead_streams.split(",") if x],
         )  # fmt: skip

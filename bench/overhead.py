@@ -5,7 +5,8 @@ parsing and routing) serves every target in turn: the engine itself ("direct") a
 gateway in front of it. For each mode (non-streaming: latency = end to end; streaming:
 latency = time to the first text chunk) and each cap on concurrent streams (64, 512: the
 most requests the load generator keeps in flight, one connection each), the load generator
-offers a ladder of request rates, each for `step_s` seconds, at evenly spaced arrival times.
+offers a ladder of request rates, each for `step_s` seconds (longer at low rates, so every
+step has at least `MIN_REQUESTS` requests), at evenly spaced arrival times.
 Latency counts from a request's scheduled arrival, so a target that cannot keep up shows
 it. At each rate:
 
@@ -34,7 +35,8 @@ from bench.peers import Fleet, FleetSpec, Gateway, peer_missing, start_gateway
 from bench.replay import RequestRecord, send_one
 from bench.report import pct
 
-DEFAULT_RATES = (20.0, 50.0, 100.0, 200.0)
+DEFAULT_RATES = (10.0, 25.0, 50.0, 100.0, 200.0)
+MIN_REQUESTS = 60  # per step, so a p99 rests on at least this many samples
 DEFAULT_STREAMS = (64, 512)
 MODES = ("non-stream", "stream")
 ADDED_P99_LIMIT_S = 0.010
@@ -96,9 +98,11 @@ async def run_step(
     streams: int,
     stream: bool,
     step_s: float,
+    min_requests: int = MIN_REQUESTS,
 ) -> Step:
-    """Offer `rate` requests/s for `step_s` seconds with at most `streams` in flight."""
-    n = max(1, int(rate * step_s))
+    """Offer `rate` requests/s for `step_s` seconds (or `min_requests` requests, if more)
+    with at most `streams` in flight."""
+    n = max(min_requests, int(rate * step_s))
     sem = asyncio.Semaphore(streams)
     lat: list[float] = []
     errors = 0
@@ -140,6 +144,7 @@ async def _ladder(
     step_s: float,
     api_key: str | None,
     direct: dict[float, Step] | None,
+    min_requests: int,
 ) -> dict[float, Step]:
     """Run the ladder against `url`; against a gateway (`direct` given), stop at the
     first rate whose added p99 breaks the limit."""
@@ -151,8 +156,9 @@ async def _ladder(
             await _one(client, url, _body(i, model, stream), stream)
         for rate in rates:
             step = await run_step(
-                client, url, model=model, rate=rate, streams=streams, stream=stream, step_s=step_s
-            )
+                client, url, model=model, rate=rate, streams=streams, stream=stream,
+                step_s=step_s, min_requests=min_requests,
+            )  # fmt: skip
             out[rate] = step
             if direct is not None and not _passes(step, direct.get(rate)):
                 break
@@ -204,6 +210,7 @@ async def measure_overhead(
     streams: Sequence[int] = DEFAULT_STREAMS,
     rates: Sequence[float] = DEFAULT_RATES,
     step_s: float = 2.0,
+    min_requests: int = MIN_REQUESTS,
     model: str = "sim-overhead",
 ) -> dict[str, Any]:
     """The `overhead` section of results.json for `gateways` (see the module docstring)."""
@@ -212,7 +219,8 @@ async def measure_overhead(
     result: dict[str, Any] = {
         "method": (
             f"One `zero`-profile engine; rates {list(rates)} req/s offered for {step_s:g} s "
-            f"each at {list(streams)} concurrent streams (the load generator's cap), "
+            f"each (at least {min_requests} requests a step) with at most {list(streams)} "
+            "concurrent streams (the load generator's cap, one connection each), "
             "latency from scheduled arrival (TTFT when streaming, end to end otherwise); "
             "added = gateway percentile - direct percentile at the same rate; max rate = "
             "highest rate, from the bottom, with added p99 < 10 ms, no errors and >= 90% of "
@@ -230,6 +238,7 @@ async def measure_overhead(
                 direct[(mode, cap)] = await _ladder(
                     engine_url, model=model, stream=mode == "stream", streams=cap,
                     rates=rates, step_s=step_s, api_key=None, direct=None,
+                    min_requests=min_requests,
                 )  # fmt: skip
         result["direct"] = {
             f"{mode}/{cap}": {str(r): _ms(s.p99) for r, s in steps.items()}
@@ -250,6 +259,7 @@ async def measure_overhead(
                             gw.base_url + "/chat/completions", model=model,
                             stream=mode == "stream", streams=cap, rates=rates, step_s=step_s,
                             api_key=gw.api_key, direct=direct[(mode, cap)],
+                            min_requests=min_requests,
                         )  # fmt: skip
                         cases.append(summarize_case(mode, cap, steps, direct[(mode, cap)]))
                 result["gateways"][name] = {"cases": cases}

@@ -47,7 +47,7 @@ def test_compare_writes_every_artefact(tmp_path: Path) -> None:
         "--time-scale", "0.05", "--json", str(out_json), "--name", "smoke",
         "--results-dir", str(tmp_path / "results"),
         "--overhead-gateways", "warmgate-ttft", "--overhead-rates", "20",
-        "--overhead-streams", "4", "--overhead-step-s", "0.5",
+        "--overhead-streams", "4", "--overhead-step-s", "0.5", "--overhead-min-requests", "10",
         "--claims-levels", "1", "--claims-requests", "6",
     ]  # fmt: skip
     env = {**os.environ, "WARMGATE_PEERS_VENV": str(tmp_path / "no-peers-here")}
