@@ -76,7 +76,7 @@ class TtftPolicy:
         forgetting: float = 0.98,
         prior_weight: float = 5.0,
         rate_window_s: float = 30.0,
-        reuse_budget: float = 0.01,
+        reuse_budget: float = 0.005,
         reuse_step: float = 0.05,
         reuse_price_max: float = 10.0,
         remembered: int = 8192,
@@ -158,6 +158,9 @@ class TtftPolicy:
         most = max(s.cached for s in allowed)
         self.reuse.update(most - chosen.cached, request.prompt_tokens)
         self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
+        self.model.note_dispatch(
+            chosen.view.id, prompt_tokens=request.prompt_tokens, cached_tokens=chosen.cached
+        )
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
