@@ -64,7 +64,7 @@ def build_admin_router() -> APIRouter:
             }
         )
 
-    @router.get("/sessions/{key}")
+    @router.get("/sessions/{key:path}")  # session keys may contain slashes
     async def session(key: str, request: Request) -> JSONResponse:
         state = app_state(request)
         where = state.router.where(key)

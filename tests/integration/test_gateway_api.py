@@ -203,7 +203,7 @@ def test_admin_views(fleet: Fleet, client: httpx.Client) -> None:
             ],
             "max_tokens": 3,
             "stream": True,
-            "prompt_cache_key": "player-admin",
+            "prompt_cache_key": "guild/eastvale/player-admin",  # keys may hold slashes
         }
         with client.stream("POST", "/v1/chat/completions", json=body) as r:
             r.read()
@@ -213,7 +213,7 @@ def test_admin_views(fleet: Fleet, client: httpx.Client) -> None:
     assert stats["ttft_s"]["p99"] >= stats["ttft_s"]["p50"]
     assert stats["cached_tokens"]["predicted"] > 0  # the second turn reuses the first's blocks
     assert stats["cached_tokens"]["requests_with_report"] >= 2
-    session = client.get("/admin/sessions/player-admin").json()
+    session = client.get("/admin/sessions/guild/eastvale/player-admin").json()
     assert session["known"] and session["last_instance"] in {e.id for e in fleet.engines}
     assert session["instances"][session["last_instance"]]["L1"] > 0
     assert session["why"]
