@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--l1-tokens", type=int, default=2_000_000, help="HBM KV per instance")
     p.add_argument("--l2-tokens", type=int, default=0, help="L2 per instance (0: none)")
     p.add_argument("--array-tokens", type=int, default=0, help="shared array (0: none)")
+    p.add_argument(
+        "--array-write-through",
+        action="store_true",
+        help="write computed KV to the array at once (else only on eviction from L1/L2)",
+    )
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="timing profile (sim.profiles)")
     p.add_argument("--rate-scale", type=float, default=1.0, help=">1 compresses arrivals")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated")
@@ -93,6 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         array_tokens=args.array_tokens,
         profile=args.profile,
         rate_scale=args.rate_scale,
+        array_write_through=args.array_write_through,
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     per_policy: dict[str, dict[str, Any]] = {}
@@ -114,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "array_tokens": args.array_tokens,
             "profile": args.profile,
             "rate_scale": args.rate_scale,
+            "array_write_through": args.array_write_through,
             "limit": args.limit,
             "index_feed": "predict-on-route + residency events (L1/L2/array stored/removed)",
         },

@@ -17,7 +17,9 @@ the leading run of the prompt's chain after what L1 holds is read from the insta
 or, failing that, the shared array, block by block until a block is in neither, at
 bytes / bandwidth on one link per tier per instance. The request is schedulable when its
 loads have landed. Evicted L1 blocks are demoted to L2 (if configured) else the array;
-L2 evictions go to the array; array evictions are dropped.
+L2 evictions go to the array; array evictions are dropped. With `array_write_through` every
+block a prefill computes is also written to the array at once (in the background, as
+LMCache-style connectors store to a remote backend), so any instance can load it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class ClusterConfig:
     array_tokens: int = 0  # shared by all; 0 = no array
     profile: str = "qwen2.5-32b-h200"
     rate_scale: float = 1.0  # >1 compresses arrivals (more load)
+    array_write_through: bool = False  # computed blocks are also written to the array at once
     predict_on_route: bool = True
     residency_events: bool = True
 
@@ -194,6 +197,9 @@ class ClusterSimulator:
 
     def on_blocks_stored(self, instance: int, blocks: list[int]) -> None:
         self._emit(self.names[instance], blocks, Tier.L1, stored=True)
+        if self.config.array_write_through:
+            for block in blocks:
+                self._to_array(block)
 
     def on_first_token(self, req: SimRequest, at_s: float) -> None:
         self.router.on_first_token(req.route, self.names[req.instance], at_s - req.arrival_s)

@@ -173,3 +173,21 @@ def test_bench_cluster_command_writes_the_figures(
         assert figures["load_imbalance"] >= 1.0
         assert len(figures["utilisation_by_instance"]) == 3
     assert "| ttft |" in capsys.readouterr().out
+
+
+def test_write_through_lets_another_instance_load_fresh_kv() -> None:
+    # round robin sends the second request to the other instance: with write-through the
+    # first one's blocks are already in the array, without it they are recomputed
+    trace = [_req(0, [1, 2, 3, 4], 40), _req(1000, [1, 2, 3, 5], 40)]
+    for write_through, expected in ((True, {"array": 30}), (False, {})):
+        cfg = ClusterConfig(
+            instances=2,
+            block_tokens=10,
+            l1_tokens=1000,
+            array_tokens=1000,
+            array_write_through=write_through,
+        )
+        _, run = _run(trace, cfg)
+        second = run.requests[1]
+        assert second.instance == 1
+        assert second.cached_by_tier == expected
