@@ -107,41 +107,58 @@ class RateMeter:
         return count / span if span < self.window_s else count / self.window_s
 
 
-class ReusePrice:
-    """The price of giving up cached tokens, set by dual ascent so that the share of
-    cacheable prompt tokens recomputed by choice stays near `budget`.
+class ReuseBudget:
+    """How much cached prompt the ttft policy may give up by choice: at most `budget` of the
+    prompt tokens it routes, enforced two ways.
 
-    A request that goes elsewhere than the instance caching most of its prompt gives up
-    `lost` tokens of reuse. `price` (a multiple of the recompute time of those tokens) rises
-    while the recent token-weighted share of given-up tokens is over the budget and falls
-    (to zero at least) while under it: TTFT is minimised subject to that reuse constraint.
+    - A price, set by dual ascent: `price` (a multiple of the recompute time of the tokens
+      given up) rises while the recent token-weighted share of given-up tokens is over the
+      budget and falls (to zero at least, `price_max` at most) while under it. TTFT is
+      minimised subject to the budget, softly.
+    - An allowance (a token bucket refilled by `budget` x each prompt, holding at most
+      `burst_prompts` prompts' worth), which the policy makes a hard limit while the fleet
+      is saturated: then giving up cache only adds work that nobody has room for.
     """
 
     def __init__(
         self,
-        budget: float = 0.01,
+        budget: float = 0.005,
         step: float = 0.05,
         alpha: float = 0.01,
         *,
         price_max: float = 10.0,
+        burst_prompts: float = 2.0,
     ) -> None:
-        if budget <= 0 or price_max < 0:
-            raise ValueError("budget must be positive and price_max >= 0")
-        self.price_max = price_max
+        if budget <= 0 or price_max < 0 or burst_prompts < 0:
+            raise ValueError("budget must be positive, price_max and burst_prompts >= 0")
         self.budget = budget
         self.step = step
         self.alpha = alpha
+        self.price_max = price_max
+        self.burst_prompts = burst_prompts
         self.price = 0.0
+        self.allowance = 0.0
         self._lost = 0.0
         self._prompt = 0.0
 
+    def refill(self, prompt_tokens: int) -> None:
+        """A request arrives: the allowance grows by its share of the budget."""
+        cap = self.burst_prompts * prompt_tokens
+        self.allowance = min(self.allowance + self.budget * prompt_tokens, cap)
+
+    def permits(self, lost_tokens: int) -> bool:
+        return lost_tokens <= max(0.0, self.allowance)
+
     def update(self, lost_tokens: int, prompt_tokens: int) -> None:
+        """The choice made gave up `lost_tokens` of a `prompt_tokens` prompt's cache."""
         a = self.alpha
         self._lost += a * (max(0, lost_tokens) - self._lost)
         self._prompt += a * (max(0, prompt_tokens) - self._prompt)
         share = self._lost / self._prompt if self._prompt > 0 else 0.0
         step = self.step * (share - self.budget) / self.budget
         self.price = min(self.price_max, max(0.0, self.price + step))
+        floor = -self.burst_prompts * prompt_tokens
+        self.allowance = max(floor, self.allowance - max(0, lost_tokens))
 
     @property
     def lost_share(self) -> float:

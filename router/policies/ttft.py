@@ -14,9 +14,12 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
   The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
   instances in proportion to the requests each serves, since follow-up turns return where
   their KV is. A long recompute next to many live sessions costs more than its own TTFT.
-- `reuse_price` (dual ascent, `router.cost.ReusePrice`) keeps the share of cacheable
+- `reuse_price` (dual ascent, `router.cost.ReuseBudget`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
-  giving up at most that much reuse.
+  giving up at most that much reuse. While the fleet is saturated (even the emptiest
+  instance has more work queued than recomputing the whole prompt would take) the budget
+  is hard: only candidates whose given-up tokens fit the budget's allowance qualify, as
+  extra work then only lengthens every queue.
 
 Then:
 1. Load cap: an instance holding `load_cap` x the fair share of the requests in flight
@@ -44,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import xxhash
 
-from router.cost import CostParams, Prediction, RateMeter, ReusePrice, TtftCostModel
+from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCostModel
 from router.policies.base import InstanceView, Outcome
 from router.policies.scoring import cached_tokens_by_tier
 from router.types import CandidateScore, Decision, RouteRequest, ordered_fallbacks
@@ -79,6 +82,7 @@ class TtftPolicy:
         reuse_budget: float = 0.005,
         reuse_step: float = 0.05,
         reuse_price_max: float = 10.0,
+        reuse_burst_prompts: float = 2.0,
         remembered: int = 8192,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -94,9 +98,12 @@ class TtftPolicy:
         self.tie_abs_s = tie_abs_s
         self.load_cap = load_cap
         self.load_cap_min = load_cap_min
-        self.reuse = ReusePrice(reuse_budget, reuse_step, price_max=reuse_price_max)
+        self.reuse = ReuseBudget(
+            reuse_budget, reuse_step, price_max=reuse_price_max, burst_prompts=reuse_burst_prompts
+        )
         self._arrivals = RateMeter(rate_window_s)
         self._clock = clock
+        self.saturated_decisions = 0
         self._remembered = remembered
         self._pending: OrderedDict[_Key, Prediction] = OrderedDict()
 
@@ -145,6 +152,16 @@ class TtftPolicy:
         scored = self._score_all(request, candidates)
         cap = self._cap(candidates)
         allowed = [s for s in scored if s.view.in_flight < cap] or scored
+        capped = len(scored) - len(allowed)
+        saturated = False
+        self.reuse.refill(request.prompt_tokens)
+        most = max(s.cached for s in allowed)
+        # saturated: even the emptiest instance has more work queued than recomputing this
+        # whole prompt would take, so a move finds no spare capacity: the budget is hard
+        if min(s.pred.queue_wait_s for s in allowed) > max(s.pred.prefill_s for s in allowed):
+            self.saturated_decisions += 1
+            saturated = True
+            allowed = [s for s in allowed if self.reuse.permits(most - s.cached)]
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
         session = request.session_key
@@ -155,7 +172,6 @@ class TtftPolicy:
             return (-v.matched_total(), -affinity, v.in_flight)
 
         chosen = min(ties, key=tie_key)
-        most = max(s.cached for s in allowed)
         self.reuse.update(most - chosen.cached, request.prompt_tokens)
         self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
         self.model.note_dispatch(
@@ -165,8 +181,10 @@ class TtftPolicy:
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
             reason += f", tie of {len(ties)} broken by affinity"
-        if len(allowed) < len(scored):
-            reason += f", {len(scored) - len(allowed)} at load cap {cap}"
+        if capped:
+            reason += f", {capped} at load cap {cap}"
+        if saturated:
+            reason += ", fleet saturated: reuse budget enforced"
         return Decision(
             instance=chosen.view.id,
             policy=self.name,
@@ -214,4 +232,5 @@ class TtftPolicy:
             "instances": self.model.snapshot(),
             "reuse_price": self.reuse.price,
             "reuse_lost_share": self.reuse.lost_share,
+            "saturated_decisions": self.saturated_decisions,
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cost import CostParams, Prediction, RateMeter, ReusePrice, TtftCostModel
+from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCostModel
 
 P = CostParams()
 
@@ -93,7 +93,7 @@ def test_outcomes_without_prediction_only_move_running_means() -> None:
 
 
 def test_reuse_price_rises_over_budget_and_falls_back() -> None:
-    price = ReusePrice(budget=0.01, step=0.05, price_max=3.0)
+    price = ReuseBudget(budget=0.01, step=0.05, price_max=3.0)
     for _ in range(400):
         price.update(lost_tokens=500, prompt_tokens=10_000)  # 5% given up
     assert price.price == pytest.approx(3.0)  # capped
@@ -112,3 +112,16 @@ def test_rate_meter_measures_arrivals_per_second() -> None:
         t += 0.25
     assert meter.rate(t) == pytest.approx(4.0, rel=0.1)
     assert meter.rate(t + 60.0) < 0.1  # decays when arrivals stop
+
+
+def test_reuse_allowance_is_a_token_bucket() -> None:
+    budget = ReuseBudget(budget=0.01, burst_prompts=2.0)
+    assert not budget.permits(1)
+    for _ in range(50):
+        budget.refill(10_000)  # 100 tokens of allowance each, up to 2 prompts' worth
+    assert budget.allowance == 5_000
+    assert budget.permits(5_000) and not budget.permits(5_001)
+    budget.update(lost_tokens=5_000, prompt_tokens=10_000)
+    assert not budget.permits(1)
+    budget.update(lost_tokens=50_000, prompt_tokens=10_000)  # forced moves: bounded debt
+    assert budget.allowance == -20_000

@@ -139,3 +139,17 @@ def test_observed_ttfts_calibrate_the_prediction() -> None:
     after = policy.choose(_req(), views).predicted_ttft_s
     assert after is not None
     assert abs(after - 3.0 * before) < 0.1 * before
+
+
+def test_a_saturated_fleet_keeps_the_cache() -> None:
+    policy = _policy()
+    # every queue is longer than recomputing the prompt: moving would only add work
+    views = [
+        _view("a", in_flight=6, queued=300_000),
+        _view("b", l1=280, in_flight=6, queued=600_000),
+    ]
+    d = policy.choose(_req(), views)
+    assert d.instance == "b"
+    assert "saturated" in d.reason
+    scores = {c.instance: c for c in d.candidates}
+    assert scores["a"].predicted_ttft_s < scores["b"].predicted_ttft_s  # type: ignore[operator]
