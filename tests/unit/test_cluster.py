@@ -14,7 +14,7 @@ from router.index import ARRAY
 from router.policies.registry import default_registry
 from router.types import Tier
 from sim.cluster.metrics import summarise, upper_bound_token_hit_rate
-from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord
+from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord, SimClock
 from sim.profiles import Profile, TierBandwidths
 from sim.traces import TraceRequest, write_mooncake
 
@@ -42,7 +42,10 @@ def _req(t_ms: float, ids: list[int], tokens: int, out: int = 1) -> TraceRequest
 def _run(
     trace: list[TraceRequest], config: ClusterConfig, policy: str = "round_robin"
 ) -> tuple[ClusterSimulator, RunRecord]:
-    sim = ClusterSimulator(config, default_registry().create(policy), profile=SIMPLE)
+    clock = SimClock()  # policies that keep time read simulated time, as in the runner
+    params: dict[str, object] = {"clock": clock} if policy == "ttft" else {}
+    built = default_registry().create(policy, **params)
+    sim = ClusterSimulator(config, built, clock, profile=SIMPLE)
     return sim, sim.run(trace)
 
 
