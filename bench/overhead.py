@@ -12,7 +12,9 @@ it. At each rate:
 
     added_p50 = p50(gateway) - p50(direct),   added_p99 = p99(gateway) - p99(direct)
 
-The reported `added_*_ms` are those at the lowest rate (light load). `max_rate_rps` is the
+At each rate the direct step runs just before the gateway's, so the two see the same
+machine (others' load on it drifts). The reported `added_*_ms` are those at the lowest rate
+(light load); a negative value means the difference is inside the noise. `max_rate_rps` is the
 highest rate of the ladder, tried from the bottom, whose added p99 stays under 10 ms with
 no errors and at least 90% of the offered rate achieved; the ladder stops at the first
 rate that fails. The load generator, the gateway and the engine share this machine's
@@ -134,8 +136,9 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000.0, 3)
 
 
-async def _ladder(
-    url: str,
+async def _paired_ladder(
+    gateway_url: str,
+    direct_url: str,
     *,
     model: str,
     stream: bool,
@@ -143,26 +146,32 @@ async def _ladder(
     rates: Sequence[float],
     step_s: float,
     api_key: str | None,
-    direct: dict[float, Step] | None,
     min_requests: int,
-) -> dict[float, Step]:
-    """Run the ladder against `url`; against a gateway (`direct` given), stop at the
-    first rate whose added p99 breaks the limit."""
+) -> tuple[dict[float, Step], dict[float, Step]]:
+    """At each rate, a step straight to the engine and then one through the gateway, so
+    every comparison is made minutes apart at most; stop at the first rate the gateway
+    fails. Returns (gateway steps, direct steps)."""
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
-    out: dict[float, Step] = {}
-    async with httpx.AsyncClient(limits=limits, timeout=30.0, headers=headers) as client:
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else None
+    gw_steps: dict[float, Step] = {}
+    direct_steps: dict[float, Step] = {}
+    async with (
+        httpx.AsyncClient(limits=limits, timeout=30.0, headers=auth) as gw,
+        httpx.AsyncClient(limits=limits, timeout=30.0) as direct,
+    ):
         for i in range(20):  # warm connections and first-request paths
-            await _one(client, url, _body(i, model, stream), stream)
+            await _one(gw, gateway_url, _body(i, model, stream), stream)
+            await _one(direct, direct_url, _body(i, model, stream), stream)
         for rate in rates:
-            step = await run_step(
-                client, url, model=model, rate=rate, streams=streams, stream=stream,
-                step_s=step_s, min_requests=min_requests,
-            )  # fmt: skip
-            out[rate] = step
-            if direct is not None and not _passes(step, direct.get(rate)):
+            kw: dict[str, Any] = {
+                "model": model, "rate": rate, "streams": streams, "stream": stream,
+                "step_s": step_s, "min_requests": min_requests,
+            }  # fmt: skip
+            direct_steps[rate] = await run_step(direct, direct_url, **kw)
+            gw_steps[rate] = await run_step(gw, gateway_url, **kw)
+            if not _passes(gw_steps[rate], direct_steps[rate]):
                 break
-    return out
+    return gw_steps, direct_steps
 
 
 def _passes(step: Step, base: Step | None) -> bool:
@@ -172,9 +181,14 @@ def _passes(step: Step, base: Step | None) -> bool:
 
 
 def summarize_case(
-    mode: str, streams: int, steps: dict[float, Step], direct: dict[float, Step]
+    mode: str,
+    streams: int,
+    steps: dict[float, Step],
+    direct: dict[float, Step],
+    rates_tried: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     rates = sorted(steps)
+    rates_tried = rates_tried if rates_tried is not None else rates
     low = rates[0] if rates else None
     case: dict[str, Any] = {"mode": mode, "streams": streams}
     if low is not None and direct.get(low) is not None:
@@ -188,7 +202,7 @@ def summarize_case(
             break
         passing.append(rate)
     case["max_rate_rps"] = passing[-1] if passing else None
-    case["max_rate_capped"] = bool(passing) and len(passing) == len(direct)
+    case["max_rate_capped"] = bool(passing) and len(passing) == len(rates_tried)
     case["steps"] = [
         {
             "rate_rps": r,
@@ -222,7 +236,8 @@ async def measure_overhead(
             f"each (at least {min_requests} requests a step) with at most {list(streams)} "
             "concurrent streams (the load generator's cap, one connection each), "
             "latency from scheduled arrival (TTFT when streaming, end to end otherwise); "
-            "added = gateway percentile - direct percentile at the same rate; max rate = "
+            "added = gateway percentile - direct percentile at the same rate, the direct "
+            "step run just before the gateway's; max rate = "
             "highest rate, from the bottom, with added p99 < 10 ms, no errors and >= 90% of "
             "the offered rate achieved. Load generator, gateway and engine share the "
             "machine's cores."
@@ -232,18 +247,6 @@ async def measure_overhead(
     try:
         await fleet.start()
         engine_url = fleet.engines["e0"] + "/v1/chat/completions"
-        direct: dict[tuple[str, int], dict[float, Step]] = {}
-        for mode in MODES:
-            for cap in streams:
-                direct[(mode, cap)] = await _ladder(
-                    engine_url, model=model, stream=mode == "stream", streams=cap,
-                    rates=rates, step_s=step_s, api_key=None, direct=None,
-                    min_requests=min_requests,
-                )  # fmt: skip
-        result["direct"] = {
-            f"{mode}/{cap}": {str(r): _ms(s.p99) for r, s in steps.items()}
-            for (mode, cap), steps in direct.items()
-        }
         for name in gateways:
             missing = peer_missing(name)
             if missing:
@@ -255,13 +258,12 @@ async def measure_overhead(
                 cases = []
                 for mode in MODES:
                     for cap in streams:
-                        steps = await _ladder(
-                            gw.base_url + "/chat/completions", model=model,
+                        steps, direct = await _paired_ladder(
+                            gw.base_url + "/chat/completions", engine_url, model=model,
                             stream=mode == "stream", streams=cap, rates=rates, step_s=step_s,
-                            api_key=gw.api_key, direct=direct[(mode, cap)],
-                            min_requests=min_requests,
+                            api_key=gw.api_key, min_requests=min_requests,
                         )  # fmt: skip
-                        cases.append(summarize_case(mode, cap, steps, direct[(mode, cap)]))
+                        cases.append(summarize_case(mode, cap, steps, direct, rates))
                 result["gateways"][name] = {"cases": cases}
             except (RuntimeError, TimeoutError) as exc:
                 result["gateways"][name] = {"skipped": f"failed to run: {exc}"[:500]}

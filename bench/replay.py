@@ -1,8 +1,9 @@
 """Live replay: send a workload to any OpenAI-compatible base URL at its real arrival times.
 
-Each request is scheduled at `start + at_s / compress`; a semaphore caps how many are in
-flight (a request that finds the cap full waits, and that wait is recorded separately from
-its TTFT, which is measured from the moment it is sent). Requests are streamed chat
+Each request is scheduled at `start + at_s / compress`, but not sent before the previous
+request of its session has been answered (players wait for the reply); a semaphore caps
+how many are in flight. Those waits are recorded (`sent_s` against `scheduled_s`) apart
+from the TTFT, which is measured from the moment a request is sent. Requests are streamed chat
 completions with `stream_options.include_usage`, so each record gets:
 
 - `ttft_s`: send -> first chunk carrying generated text;
@@ -224,13 +225,16 @@ async def replay(
     timeout_s: float = 600.0,
     progress_label: str | None = "replay",
     stop_after_s: float | None = None,
+    session_order: bool = True,
 ) -> list[RequestRecord]:
     """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
 
     With `closed_loop`, arrival times are ignored: requests go out as fast as the
     concurrency cap lets them (a fixed number of concurrent requests). With `stop_after_s`,
     no request is sent after that many seconds (those left have `sent` False); requests
-    already sent run to completion."""
+    already sent run to completion. With `session_order`, a request is not sent before the
+    previous request of its session has ended (a player waits for the NPC's answer before
+    the next line, however late the answer is); that wait counts in `sent_s`, not in TTFT."""
     if compress <= 0 or concurrency <= 0:
         raise ValueError("compress and concurrency must be positive")
     url = base_url.rstrip("/") + "/chat/completions"
@@ -249,26 +253,31 @@ async def replay(
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         start = time.perf_counter()
 
-        async def run(i: int) -> None:
+        async def run(i: int, after: asyncio.Event | None, done: asyncio.Event) -> None:
             rec = records[i]
-            async with sem:
-                now = time.perf_counter() - start
-                if stop_after_s is not None and now > stop_after_s:
-                    rec.error = "not sent: time budget over"
+            try:
+                if after is not None:  # the session's previous turn must have been answered
+                    await after.wait()
+                async with sem:
+                    now = time.perf_counter() - start
+                    if stop_after_s is not None and now > stop_after_s:
+                        rec.error = "not sent: time budget over"
+                        if progress:
+                            progress.done += 1
+                        return
+                    rec.sent, rec.sent_s = True, now
                     if progress:
-                        progress.done += 1
-                    return
-                rec.sent, rec.sent_s = True, now
-                if progress:
-                    progress.in_flight += 1
-                await send_one(
-                    client,
-                    url,
-                    build_body(items[i], model),
-                    rec,
-                    instance_by_url=by_url,
-                    headers=headers,
-                )
+                        progress.in_flight += 1
+                    await send_one(
+                        client,
+                        url,
+                        build_body(items[i], model),
+                        rec,
+                        instance_by_url=by_url,
+                        headers=headers,
+                    )
+            finally:
+                done.set()
             if progress:
                 progress.in_flight -= 1
                 progress.done += 1
@@ -276,6 +285,7 @@ async def replay(
                 progress.update()
 
         tasks: list[asyncio.Task[None]] = []
+        last_of_session: dict[str, asyncio.Event] = {}
         for i in order:
             if stop_after_s is not None and time.perf_counter() - start > stop_after_s:
                 records[i].error = "not sent: time budget over"
@@ -286,7 +296,12 @@ async def replay(
                 delay = records[i].scheduled_s - (time.perf_counter() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(run(i)))
+            session = items[i].session if session_order else None
+            after = last_of_session.get(session) if session else None
+            done = asyncio.Event()
+            if session:
+                last_of_session[session] = done
+            tasks.append(asyncio.create_task(run(i, after, done)))
             if closed_loop:
                 await asyncio.sleep(0)
         await asyncio.gather(*tasks)

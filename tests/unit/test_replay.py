@@ -73,6 +73,26 @@ async def test_compression_and_concurrency_cap(engine: str) -> None:
         assert sum(1 for s, e in spans if s <= start < e) <= 2
 
 
+async def test_a_session_waits_for_its_previous_answer(engine: str) -> None:
+    items = [
+        _item(0.0, "first line of a long talk", max_tokens=40, session="p1"),
+        _item(0.01, "second line", max_tokens=3, session="p1"),
+        _item(0.01, "someone else", max_tokens=3, session="p2"),
+    ]
+    for closed in (False, True):
+        first, second, other = await replay(
+            engine + "/v1", items, model=MODEL, closed_loop=closed, progress_label=None
+        )
+        assert first.ok and second.ok and other.ok
+        assert first.e2e_s is not None
+        assert second.sent_s >= first.sent_s + first.e2e_s  # sent only once p1 was answered
+        assert other.sent_s < first.sent_s + first.e2e_s  # other sessions do not wait
+    unordered = await replay(
+        engine + "/v1", items, model=MODEL, session_order=False, progress_label=None
+    )
+    assert unordered[1].sent_s < unordered[0].sent_s + (unordered[0].e2e_s or 0.0)
+
+
 async def test_closed_loop_ignores_arrival_times(engine: str) -> None:
     items = [_item(1000.0 * i, f"line {i}", max_tokens=3) for i in range(4)]
     records = await replay(
