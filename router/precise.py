@@ -10,9 +10,9 @@ How it works:
   vLLM's order, the LoRA name (every block) and `cache_salt` (first block only); multimodal
   and prompt-embedding keys are not supported here. KV events carry the low 64 bits of the
   big-endian digest (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`): `block_hashes()` returns those.
-- `Xxh3BlockHasher` is warmgate's own fast precise scheme for engines we control (the
-  simulated engine): h_i = xxh3_64(h_{i-1} as 8 bytes LE || tokens as u32 LE, seed), with the
-  seed of `router.blocks.chain_seed(model, cache_salt)`; h_0 has no parent bytes.
+- `Xxh3BlockHasher` is warmgate's own fast precise scheme for engines we control, chained
+  like the approximate mode's blocks: h_i = xxh3_64(tokens of block i as u32 LE,
+  seed=h_{i-1}), h_{-1} = `router.blocks.chain_seed(model, cache_salt)`.
 - `precise_route_request()` turns a request payload into a `RouteRequest`: tokens from a
   callable the caller supplies (sync or async: a local tokenizer, the engine's /tokenize),
   hashing off the event loop for long prompts. Nothing here speaks HTTP.
@@ -149,11 +149,10 @@ class Xxh3BlockHasher:
         digest = xxhash.xxh3_64_intdigest
         hashes: list[int] = []
         append = hashes.append
-        parent = b""
+        h = seed
         for (chunk,) in struct.iter_unpack(f"{self._block.size}s", data):
-            h = digest(parent + chunk, seed)
+            h = digest(chunk, h)
             append(h)
-            parent = h.to_bytes(8, "little")
         return hashes
 
 
