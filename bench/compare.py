@@ -206,6 +206,8 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             rates=[float(x) for x in args.overhead_rates.split(",") if x],
             streams=[int(x) for x in args.overhead_streams.split(",") if x],
         )  # fmt: skip
+    plotdata = {"ttft_s": ttfts, "requests_over_time": series, "time_scale": spec.time_scale}
+    await asyncio.to_thread(_dump, tmp / "plotdata.json", plotdata)
     results["plots"] = await asyncio.to_thread(_plots, out_dir, results, ttfts, series, spec)
     results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     results["wall_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
