@@ -25,6 +25,10 @@ then converges to what is observed. The mean context is a running mean of outcom
 
 Defaults are the `qwen2.5-32b-h200` profile of `sim.profiles` (the router imports nothing
 of ours, so the numbers are repeated; the cluster simulator passes its profile's).
+
+Also here, the other inputs of the policy's score: `RateMeter` (arrivals per second,
+exponentially decayed) and `ReuseBudget` (the price and allowance that bound how much
+cached prompt the policy gives up by choice).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Steps that only decode are coalesced: with B sequences holding K tokens of KV, s
 costs a + b(k-1) (a = decode_step(B, K), b = B x per-KV-token cost), so n steps take
 n a + b n(n-1)/2 and the instance jumps straight to the first finishing sequence. An
 arrival during such a run cuts it at the end of the step in progress (solved from the
-same sum), which keeps the event count near a handful per request.
+same sum), which keeps the event count near a handful per request. An idle instance wakes
+at the end of the instant a request reaches it, so simultaneous arrivals share a step.
 """
 
 from __future__ import annotations
