@@ -11,8 +11,8 @@ from bench.synth_text import BlockTextSynth, mooncake_items
 from router.blocks import chain_seed, hash_blocks
 from sim.tokenizer import Tokenizer
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
-TRACE = TRACE / "mooncake_conversation.jsonl"
+# The first 40 lines of the real Mooncake trace, committed (tests/data/README.md says whence).
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head40.jsonl"
 
 
 def _common_prefix(a: str, b: str) -> int:
