@@ -73,7 +73,8 @@ async def run_claims(
             f"warmgate (ttft), the workload's first {requests} requests closed loop at "
             f"{'/'.join(str(c) for c in levels)} concurrent requests per instance; 'tiers' = "
             "engines with tierd and one shared array, 'no array' = engines alone (HBM prefix "
-            "cache only). Fresh fleets for each run. Throughput = generated tokens / s. "
+            f"cache only), HBM KV capacity {spec.kv_capacity_tokens or 'of the profile'} tokens "
+            "per instance in both. Fresh fleets for each run. Throughput = generated tokens / s. "
             + (f"No request is sent after {budget_s:g} s of wall time." if budget_s else "")
         ),
         "seed_claim": SEED_CLAIM,

@@ -76,6 +76,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--overhead-streams", default="64,512", help="concurrent stream caps")
     p.add_argument("--overhead-min-requests", type=int, default=60, help="per rate step")
     p.add_argument("--claims-levels", default="8,16", help="concurrent requests per instance")
+    p.add_argument(
+        "--claims-kv-capacity-tokens", type=int, default=128_000,
+        help="engine HBM KV tokens in the claims runs (pressure: tiers matter when it overflows)",
+    )  # fmt: skip
     p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
     p.add_argument(
         "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
@@ -191,7 +195,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         await asyncio.to_thread(_dump, out_dir / "results.json", results)
     if not args.no_claims:
         _log("seed's claims: tiers vs no array, closed loop")
-        claims_spec = replace(spec, tierd=True)
+        claims_spec = replace(spec, tierd=True, kv_capacity_tokens=args.claims_kv_capacity_tokens)
         results["claims"] = await run_claims(
             claims_spec, items, requests=args.claims_requests, tmp=tmp,
             levels=[int(x) for x in args.claims_levels.split(",") if x],
