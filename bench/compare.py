@@ -63,8 +63,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine L1 KV tokens")
     p.add_argument("--trace-block-tokens", type=int, default=512)
     p.add_argument(
-        "--tier-block-chars", type=int, default=None,
-        help="chars per tierd slice = warmgate's routing block (default 256)",
+        "--tier-block-chars", type=int, default=1024,
+        help="chars per tierd slice = warmgate's routing block: 1024 = 256 tokens, LMCache's "
+        "chunk; smaller slices multiply the simulator's per-slice HTTP round trips",
     )  # fmt: skip
     p.add_argument("--name", default=None)
     p.add_argument("--results-dir", default=str(REPO / "bench" / "results"))
