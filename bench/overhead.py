@@ -16,10 +16,11 @@ At each rate the direct step runs just before the gateway's, so the two see the 
 machine (others' load on it drifts). The reported `added_*_ms` are those at the lowest rate
 (light load); a negative value means the difference is inside the noise. `max_rate_rps` is the
 highest rate of the ladder, tried from the bottom, whose added p99 stays under 10 ms with
-no errors and at least 90% of the offered rate achieved; the ladder stops at the first
-rate that fails. The load generator, the gateway and the engine share this machine's
-cores, so the ceiling found is that of the whole box as much as of the gateway; the
-direct run, measured the same way, is the reference.
+no errors and at least 90% of the offered rate achieved; a rung that fails is run once
+more (the machine is shared, one noisy step should not end the ladder) and the ladder stops
+at the first rate that fails twice. The load generator, the gateway and the engine share
+this machine's cores, so the ceiling found is that of the whole box as much as of the
+gateway's; the direct run, measured the same way, is the reference.
 """
 
 from __future__ import annotations
@@ -167,8 +168,11 @@ async def _paired_ladder(
                 "model": model, "rate": rate, "streams": streams, "stream": stream,
                 "step_s": step_s, "min_requests": min_requests,
             }  # fmt: skip
-            direct_steps[rate] = await run_step(direct, direct_url, **kw)
-            gw_steps[rate] = await run_step(gw, gateway_url, **kw)
+            for _attempt in range(2):  # a rung fails only if it fails twice (shared machine)
+                direct_steps[rate] = await run_step(direct, direct_url, **kw)
+                gw_steps[rate] = await run_step(gw, gateway_url, **kw)
+                if _passes(gw_steps[rate], direct_steps[rate]):
+                    break
             if not _passes(gw_steps[rate], direct_steps[rate]):
                 break
     return gw_steps, direct_steps
@@ -239,7 +243,8 @@ async def measure_overhead(
             "added = gateway percentile - direct percentile at the same rate, the direct "
             "step run just before the gateway's; max rate = "
             "highest rate, from the bottom, with added p99 < 10 ms, no errors and >= 90% of "
-            "the offered rate achieved. Load generator, gateway and engine share the "
+            "the offered rate achieved (a failing rung is retried once). Load generator, gateway "
+            "and engine share the "
             "machine's cores."
         ),
         "gateways": {},
