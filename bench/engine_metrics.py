@@ -27,6 +27,8 @@ SIMPLE = {
     "vllm:prefix_cache_queries_total": "queries",  # prompt tokens looked up
     "vllm:prefix_cache_hits_total": "hits",  # found in the engine's own HBM cache
     "vllm:external_prefix_cache_hits_total": "external_hits",  # loaded from slower tiers
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum",  # the engine's own view, wall s
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
 }
 TIER_LOADED = "warmgate_sim_tier_loaded_tokens_total"  # loaded tokens by `tier` label
 HBM = "HBM"
@@ -41,7 +43,7 @@ def parse_counters(text: str) -> dict[str, float]:
             name, value = sample.name, float(sample.value)
             key = SIMPLE.get(name)
             if name in REQUEST_COUNTERS:
-                key = name
+                out[name] = out.get(name, 0.0) + value
             elif name == TIER_LOADED:
                 key = f"loaded:{sample.labels.get('tier', '?')}"
             if key is not None:
@@ -61,6 +63,8 @@ class EngineDelta:
     queries: float = 0.0
     hits: float = 0.0  # HBM hits
     external_hits: float = 0.0  # loaded from tierd instead of computed
+    ttft_sum: float = 0.0  # seconds from arrival at the engine to its first token, summed
+    ttft_count: float = 0.0
     loaded_by_tier: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -79,6 +83,8 @@ def delta(before: Mapping[str, float], after: Mapping[str, float]) -> EngineDelt
         queries=after.get("queries", 0.0) - before.get("queries", 0.0),
         hits=after.get("hits", 0.0) - before.get("hits", 0.0),
         external_hits=after.get("external_hits", 0.0) - before.get("external_hits", 0.0),
+        ttft_sum=after.get("ttft_sum", 0.0) - before.get("ttft_sum", 0.0),
+        ttft_count=after.get("ttft_count", 0.0) - before.get("ttft_count", 0.0),
     )
     for key, value in after.items():
         if key.startswith("loaded:"):

@@ -80,6 +80,10 @@ def summarize(
     by_tier = {t: round(v / queries, 4) for t, v in sorted(tiers.items())} if queries else {}
     completion = sum(r.completion_tokens for r in ok)
     wall = duration_s * k if duration_s else None
+    e_sum = sum(d.ttft_sum for d in (engines or {}).values())
+    e_count = sum(d.ttft_count for d in (engines or {}).values())
+    engine_ttft = e_sum / e_count * k if e_count else None
+    mean_ttft = float(np.mean(ttft)) if ttft else None
     return {
         "requests": len(records),
         "requests_ok": len(ok),
@@ -87,7 +91,13 @@ def summarize(
         "ttft_p50_s": _r(pct(ttft, 50)),
         "ttft_p90_s": _r(pct(ttft, 90)),
         "ttft_p99_s": _r(pct(ttft, 99)),
-        "ttft_mean_s": _r(float(np.mean(ttft)) if ttft else None),
+        "ttft_mean_s": _r(mean_ttft),
+        # the engines' own TTFT (arrival at the engine -> first token) and what is left of
+        # the client's: the gateway, the network and the client's own overhead
+        "engine_ttft_mean_s": _r(engine_ttft),
+        "outside_engine_ttft_mean_s": _r(
+            mean_ttft - engine_ttft if mean_ttft is not None and engine_ttft is not None else None
+        ),
         "tpot_p50_s": _r(pct(tpot, 50), 5),
         "itl_p99_s": _r(pct(gaps, 99), 5),
         "e2e_p50_s": _r(pct(e2e, 50)),
@@ -131,6 +141,7 @@ TABLE_COLUMNS = (
     ("ttft_p99_s", "TTFT p99 s"),
     ("tpot_p50_s", "TPOT p50 s"),
     ("e2e_p50_s", "E2E p50 s"),
+    ("outside_engine_ttft_mean_s", "TTFT outside engine, mean s"),
     ("cached_token_ratio", "cached ratio"),
     ("load_imbalance", "imbalance"),
     ("requests", "requests"),

@@ -68,6 +68,8 @@ def test_compare_writes_every_artefact(tmp_path: Path) -> None:
         assert 0 < g["ttft_p50_s"] <= g["ttft_p90_s"] <= g["ttft_p99_s"]
         assert g["e2e_p50_s"] >= g["ttft_p50_s"]
         assert g["tpot_p50_s"] > 0
+        assert 0 < g["engine_ttft_mean_s"] <= g["ttft_mean_s"] * 1.01  # the engine's share
+        assert g["outside_engine_ttft_mean_s"] is not None
         assert sum(g["requests_by_instance"].values()) == 12
         assert g["instance_source"] == "engine counters"
         assert g["load_imbalance"] >= 1.0
