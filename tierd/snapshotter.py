@@ -53,9 +53,10 @@ class Snapshotter:
                 await t
 
     async def drain(self) -> None:
-        """Wait for the snapshots scheduled so far."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Wait for the snapshots scheduled so far and for the array trim they may cause."""
+        while self._tasks or (self._trim is not None and not self._trim.done()):
+            pending = [*self._tasks, *([self._trim] if self._trim else [])]
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def gather(self, hashes: list[int]) -> list[tuple[SliceMeta, Payload]]:
         """The chain's slices that L1 or the array can give, verified, in chain order."""
