@@ -9,7 +9,8 @@ How it measures:
    the index afterwards (keys, packed values, prediction bookkeeping) ÷ its entries.
 2. Times the whole decision for a `--prompt-tokens` chat prompt, `--iterations` times:
    canonical rendering, cutting into chained-hash blocks (approximate mode), the index
-   lookup over every instance, the load view and the policy (`--policy`, default `prefix`).
+   lookup over every instance, the load view and the policy (`--policy`; default `ttft`,
+   the product's default).
    Writes `decision_us_p50`, `decision_us_p99` (wall clock, and the parts) to `--json` and
    prints a table. Wall time includes any descheduling on a busy machine, so the thread's
    CPU time per decision is reported beside it (`decision_cpu_us_*`).
@@ -258,7 +259,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--index-entries", type=int, default=1_000_000)
     p.add_argument("--prompt-tokens", type=int, default=32768)
     p.add_argument("--block-tokens", type=int, default=64)
-    p.add_argument("--policy", default="prefix")
+    p.add_argument("--policy", default="ttft", help="routing policy (default: the product default)")
     p.add_argument("--iterations", type=int, default=5000)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--prompts", type=int, default=32, help="distinct prompts routed in turn")

@@ -169,6 +169,9 @@ class ReuseBudget:
         return self._lost / self._prompt if self._prompt > 0 else 0.0
 
 
+_L1 = Tier.L1.label
+
+
 class _InstanceModel:
     __slots__ = ("ctx_mean", "queued_frac", "s_xx", "s_xy", "samples", "uncached_frac")
 
@@ -262,22 +265,40 @@ class TtftCostModel:
         in_flight: int,
         queued_prefill_tokens: int,
     ) -> Prediction:
+        # Runs once per candidate per decision: the helpers above are inlined (same formulas)
+        # because this is the hot loop of the default policy (`warmgate bench router`).
         p = self.params
-        m = self._model(instance)
-        k = self.speed_factor(instance)
+        m = self._models.get(instance)
+        if m is None:
+            m = self._model(instance)
+        if m.s_xx > 0.0:
+            lo, hi = self.k_bounds
+            k = min(hi, max(lo, m.s_xy / m.s_xx))
+        else:
+            k = 1.0
         cached = min(prompt_tokens, sum(cached_tokens_by_tier.values()))
         uncached = max(1, prompt_tokens - cached)
         queued = queued_prefill_tokens * m.queued_frac
         # seconds per uncached token of queued work, at this instance's typical context
         per_tok = p.prefill_per_token_s + p.prefill_attention_s * m.ctx_mean
         queue_c = queued * per_tok
-        prefill_c = self.prefill_compute_s(uncached, cached)
+        u, c = float(uncached), float(max(0, cached))
+        prefill_c = (
+            p.prefill_overhead_s
+            + p.prefill_per_token_s * u
+            + p.prefill_attention_s * u * (c + u / 2.0)
+        )
         ctx = m.ctx_mean if m.samples else float(prompt_tokens)
         steps = math.ceil((queued + uncached) / max(1, p.max_batch_tokens))
-        interference = steps * self.decode_step_s(in_flight, in_flight * ctx)
+        step_s = (
+            p.step_base_s + p.step_per_seq_s * in_flight + p.step_per_kv_token_s * in_flight * ctx
+            if in_flight > 0
+            else 0.0
+        )
+        interference = steps * step_s
         load = 0.0
         for label, tokens in cached_tokens_by_tier.items():
-            if label != Tier.L1.label and tokens > 0:
+            if tokens > 0 and label != _L1:
                 load += tokens * p.kv_bytes_per_token / self.bandwidth(instance, label)
         queue_s = k * queue_c
         prefill_s = k * (prefill_c + interference)
