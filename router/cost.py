@@ -173,11 +173,12 @@ _L1 = Tier.L1.label
 
 
 class _InstanceModel:
-    __slots__ = ("ctx_mean", "queued_frac", "s_xx", "s_xy", "samples", "uncached_frac")
+    __slots__ = ("ctx_mean", "fits", "queued_frac", "s_xx", "s_xy", "samples", "uncached_frac")
 
     def __init__(self, prior_x: float, prior_weight: float) -> None:
         self.s_xx = prior_weight * prior_x * prior_x
         self.s_xy = self.s_xx  # k = 1
+        self.fits = 0  # (prediction, observed TTFT) pairs learnt from
         self.uncached_frac = 1.0
         self.queued_frac = 1.0  # uncached share of the requests most recently sent here
         self.ctx_mean = 0.0
@@ -209,6 +210,10 @@ class TtftCostModel:
         self.k_bounds = k_bounds
         self._bandwidths: dict[str, dict[str, float]] = {}
         self._models: dict[str, _InstanceModel] = {}
+        # An instance not yet observed borrows the fleet's mean speed factor: the fleet's
+        # instances are alike far more often than not, and the profile's k = 1 may be far
+        # off (another GPU, a time-scaled simulator) once the others have converged.
+        self._pooled_k = 1.0
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -234,8 +239,8 @@ class TtftCostModel:
     def speed_factor(self, instance: str) -> float:
         """k: observed TTFT per predicted second of compute on `instance` (1 = the profile)."""
         m = self._models.get(instance)
-        if m is None or m.s_xx <= 0.0:
-            return 1.0
+        if m is None or m.fits == 0 or m.s_xx <= 0.0:
+            return self._pooled_k
         lo, hi = self.k_bounds
         return min(hi, max(lo, m.s_xy / m.s_xx))
 
@@ -271,11 +276,11 @@ class TtftCostModel:
         m = self._models.get(instance)
         if m is None:
             m = self._model(instance)
-        if m.s_xx > 0.0:
+        if m.fits and m.s_xx > 0.0:
             lo, hi = self.k_bounds
             k = min(hi, max(lo, m.s_xy / m.s_xx))
         else:
-            k = 1.0
+            k = self._pooled_k
         cached = min(prompt_tokens, sum(cached_tokens_by_tier.values()))
         uncached = max(1, prompt_tokens - cached)
         queued = queued_prefill_tokens * m.queued_frac
@@ -347,8 +352,13 @@ class TtftCostModel:
         x = prediction.compute_s
         y = max(0.0, ttft_s - prediction.load_s)
         lam = self.forgetting
+        if m.fits == 0:  # its prior: the factor it was borrowing until now
+            m.s_xy = self._pooled_k * m.s_xx
         m.s_xx = lam * m.s_xx + x * x
         m.s_xy = lam * m.s_xy + x * y
+        m.fits += 1
+        fitted = [self.speed_factor(name) for name, o in self._models.items() if o.fits]
+        self._pooled_k = sum(fitted) / len(fitted)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         return {

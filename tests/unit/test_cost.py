@@ -79,7 +79,16 @@ def test_calibration_converges_toward_observed(truth: float) -> None:
         )
     assert model.speed_factor("a") == pytest.approx(truth, rel=0.05)
     assert errors[-1] < 0.05 < errors[0]
-    assert model.speed_factor("other") == 1.0  # per instance
+    # an instance never observed borrows the fleet's factor; observed ones keep their own
+    assert model.speed_factor("other") == pytest.approx(model.speed_factor("a"))
+    for i in range(120):
+        pred = _predict(model, instance="b", cached_tokens_by_tier={"L1": (i * 331) % 8_000})
+        model.observe(
+            "b", prompt_tokens=10_000, cached_tokens=0, ttft_s=1.0 * pred.compute_s,
+            prediction=pred,
+        )  # fmt: skip
+    assert model.speed_factor("b") == pytest.approx(1.0, rel=0.05)
+    assert model.speed_factor("a") == pytest.approx(truth, rel=0.05)
 
 
 def test_outcomes_without_prediction_only_move_running_means() -> None:
