@@ -194,13 +194,16 @@ class Fleet:
             if use_tierd:
                 tport = free_port()
                 snap, array = await asyncio.to_thread(self._dirs, inst)
-                # No --emulate: the engine charges tier loads itself, scaled by its time
-                # scale (tierd's emulated sleeps would run in real time).
+                # tierd emulates the real model's array/snapshot load time on the engines'
+                # clock (--time-scale), so the bandwidths it measures and the gateway's ttft
+                # policy reads are in real-model bytes per modelled second, not the scaled
+                # payload's; the engine then charges only tierd's arena hits itself.
                 targs = [
                     sys.executable, "-m", "tierd.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(tport), "--l1-bytes", str(spec.l1_bytes),
                     "--snapshot-dir", str(snap), "--instance-id", inst,
-                    "--array-dir", str(array),
+                    "--array-dir", str(array), "--emulate", spec.profile,
+                    "--time-scale", str(spec.time_scale),
                 ]  # fmt: skip
                 log = self.workdir / f"tierd-{inst}.log"
                 tproc = await Proc.spawn(f"tierd-{inst}", targs, log)
