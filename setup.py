@@ -26,18 +26,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE = Path("tierd") / "native"
-C_SOURCES = [
-    "_native.c",
-    "wg_args.c",
-    "wg_arena.c",
-    "wg_device.c",
-    "wg_gpu.c",
-    "wg_pyio.c",
-    "wg_pycrc.c",
-    "wg_fileio.c",
-    "wg_crc32c.c",
-    "wg_pool.c",
-]
+# every C file of the module (the GPU backend is the .cu, built apart)
+C_SOURCES = sorted(p.name for p in NATIVE.glob("*.c"))
 GPU_SOURCE = NATIVE / "gpu_backend.cu"
 
 

@@ -2,7 +2,7 @@
 
 Each task receives `topic | seq | payload` messages from its instance's publisher (a vLLM
 engine, `sim.engine --kv-events-endpoint`, or tierd), tracks the sequence number and feeds
-the router's `PrefixIndex` (`router.events.apply_events`: GPU -> L1, CPU -> L2,
+the router's `PrefixIndex` (`router.event_feed.apply_events`: GPU -> L1, CPU -> L2,
 STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> L3; BlockRemoved removes;
 AllBlocksCleared clears the instance).
 
@@ -28,12 +28,14 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.state import AppState
-from router.events import (
+from router.event_feed import (
     IndexSink,
-    MalformedEventError,
     SeqStatus,
     SeqTracker,
     apply_events,
+)
+from router.events import (
+    MalformedEventError,
     decode_batch,
     decode_frames,
 )

@@ -36,7 +36,7 @@ def chain_seed(model: str, cache_salt: str | None = None) -> int:
     return xxhash.xxh3_64_intdigest(key)
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """Text of an OpenAI message `content`: a string, or a list of typed parts."""
     if content is None:
         return ""
@@ -66,7 +66,7 @@ def render_chat(messages: Iterable[Mapping[str, Any]], tools: Sequence[Any] | No
         role = str(message.get("role", ""))
         name = message.get("name")
         header = f"<|{role}|>" if name is None else f"<|{role}:{name}|>"
-        body = _content_text(message.get("content"))
+        body = content_text(message.get("content"))
         tool_calls = message.get("tool_calls")
         if tool_calls:
             body += json.dumps(tool_calls, sort_keys=True, separators=(",", ":"))

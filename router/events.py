@@ -1,4 +1,4 @@
-"""vLLM KV events: typed events, their msgpack wire encodings, and per-publisher sequencing.
+"""vLLM KV events: typed events and their msgpack wire encodings.
 
 Wire format (vLLM `vllm/distributed/kv_events.py`; PROTOCOLS §1): a ZMQ message of three
 frames `topic | seq (8-byte big-endian) | payload`, the payload a msgpack array
@@ -11,27 +11,19 @@ types are counted and skipped so a newer publisher never breaks us.
 Block hashes are published as ints (the low 64 bits of the big-endian digest) or as raw
 digest bytes; both are normalised to that same 64-bit int.
 
-`SeqTracker` is a pure state machine over one publisher's sequence numbers: the first batch
-is accepted as is, +1 is in order, a jump forward is a gap (batches were lost), a number at
-or below the last one is a restart (a new publisher counts from 0 again). On a gap or a
-restart the consumer must drop what it believed about that publisher's instance.
-
-Nothing here does I/O: the ZMQ consumer (gateway.kv_events), the Redis stream reader
-(gateway.shared), tierd and the simulated engine all share these functions.
+Sequencing a publisher's batches and applying its events to the index live in
+`router.event_feed`. Nothing here does I/O: the ZMQ consumer (gateway.kv_events), the Redis
+stream reader (gateway.shared), tierd and the simulated engine all share these functions.
 """
 
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgpack
-
-from router.index import ARRAY
-from router.types import Tier
 
 HASH_MASK = (1 << 64) - 1
 _INT_ONLY = frozenset({int})
@@ -289,114 +281,3 @@ def encode_batch(batch: EventBatch, encoding: EventEncoding = "array") -> bytes:
 
 def encode_frames(topic: str, seq: int, payload: bytes) -> list[bytes]:
     return [topic.encode(), struct.pack(">q", seq), payload]
-
-
-# ---- sequencing -------------------------------------------------------------------------
-
-
-class SeqStatus(enum.Enum):
-    FIRST = "first"  # the first batch seen from this publisher
-    IN_ORDER = "in_order"
-    GAP = "gap"  # batches were lost: what we believe about the instance is stale
-    RESTART = "restart"  # the publisher started over (seq went back)
-
-
-@dataclass(frozen=True, slots=True)
-class SeqVerdict:
-    status: SeqStatus
-    missed: int = 0  # batches lost (GAP only)
-
-    @property
-    def must_resync(self) -> bool:
-        return self.status in (SeqStatus.GAP, SeqStatus.RESTART)
-
-
-@dataclass(slots=True)
-class SeqTracker:
-    """One publisher's sequence: classify each batch and count gaps and restarts."""
-
-    last: int | None = None
-    gaps: int = 0
-    missed: int = 0
-    restarts: int = 0
-
-    def observe(self, seq: int) -> SeqVerdict:
-        last, self.last = self.last, seq
-        if last is None:
-            return SeqVerdict(SeqStatus.FIRST)
-        if seq == last + 1:
-            return SeqVerdict(SeqStatus.IN_ORDER)
-        if seq > last + 1:
-            self.gaps += 1
-            self.missed += seq - last - 1
-            return SeqVerdict(SeqStatus.GAP, missed=seq - last - 1)
-        self.restarts += 1
-        return SeqVerdict(SeqStatus.RESTART)
-
-    def reset(self) -> None:
-        self.last = None
-
-
-# ---- applying events to an index ---------------------------------------------------------
-
-
-class IndexSink(Protocol):
-    """What `apply_events` needs of `router.index.PrefixIndex`."""
-
-    def insert(self, instance: str, hashes: Sequence[int], tier: Tier) -> object: ...
-
-    def remove(self, instance: str, hashes: Sequence[int], tier: Tier | None) -> object: ...
-
-    def clear_instance(self, instance: str) -> object: ...
-
-
-def medium_target(
-    instance: str, medium: str | None, array_id: str = ARRAY
-) -> tuple[str, Tier] | None:
-    """Where a medium's blocks live in the index: GPU -> the instance's L1, CPU -> its L2,
-    STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> the instance's L3.
-    None (an unknown medium) means the event is skipped."""
-    m = (medium or "GPU").upper()
-    if m == "GPU":
-        return instance, Tier.L1
-    if m == "CPU":
-        return instance, Tier.L2
-    if m in ("STORAGE", "ARRAY"):
-        return array_id, Tier.ARRAY
-    if m == "SNAPSHOT":
-        return instance, Tier.L3
-    return None
-
-
-@dataclass(slots=True)
-class ApplyCounts:
-    stored: int = 0  # blocks inserted
-    removed: int = 0  # blocks removed
-    cleared: int = 0  # AllBlocksCleared events
-    unknown_medium: int = 0  # events skipped for a medium we cannot place
-    by_tier: dict[Tier, int] = field(default_factory=dict)
-
-
-def apply_events(
-    index: IndexSink, instance: str, events: Sequence[KvEvent], array_id: str = ARRAY
-) -> ApplyCounts:
-    """Feed one publisher's events into the index, for `instance`."""
-    counts = ApplyCounts()
-    for event in events:
-        if isinstance(event, AllBlocksCleared):
-            index.clear_instance(instance)
-            counts.cleared += 1
-            continue
-        target = medium_target(instance, event.medium, array_id)
-        if target is None:
-            counts.unknown_medium += 1
-            continue
-        where, tier = target
-        if isinstance(event, BlockStored):
-            index.insert(where, list(event.block_hashes), tier)
-            counts.stored += len(event.block_hashes)
-            counts.by_tier[tier] = counts.by_tier.get(tier, 0) + len(event.block_hashes)
-        else:
-            index.remove(where, list(event.block_hashes), tier)
-            counts.removed += len(event.block_hashes)
-    return counts

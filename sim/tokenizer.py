@@ -23,6 +23,8 @@ from typing import Any
 
 import xxhash
 
+from router.blocks import content_text
+
 VOCAB_SIZE = 151_643
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -57,25 +59,6 @@ def split_pieces(text: str) -> list[str]:
     return pieces
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping):
-                if part.get("type") == "text":
-                    out.append(str(part.get("text", "")))
-                else:  # images and the like: their identity stands in for their tokens
-                    out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
-            else:
-                out.append(str(part))
-        return "".join(out)
-    return json.dumps(content, sort_keys=True, separators=(",", ":"))
-
-
 def render_chat(
     messages: Iterable[Mapping[str, Any]],
     tools: Sequence[Any] | None = None,
@@ -88,7 +71,7 @@ def render_chat(
         parts.append(f"{IM_START}system\n# Tools\n{tools_json}{IM_END}\n")
     for message in messages:
         role = str(message.get("role", "user"))
-        body = _content_text(message.get("content"))
+        body = content_text(message.get("content"))
         tool_calls = message.get("tool_calls")
         if tool_calls:
             body += "\n" + json.dumps(tool_calls, sort_keys=True, separators=(",", ":"))

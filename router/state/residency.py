@@ -23,17 +23,19 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from router.events import (
-    AllBlocksCleared,
+from router.event_feed import (
     ApplyCounts,
-    BlockStored,
-    EventBatch,
     IndexSink,
-    MalformedEventError,
     SeqTracker,
     SeqVerdict,
     apply_events,
     medium_target,
+)
+from router.events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventBatch,
+    MalformedEventError,
 )
 from router.index import ARRAY
 from router.types import Tier

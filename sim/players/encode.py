@@ -3,8 +3,9 @@
 Hash ids come from the text itself, the way the gateway's approximate mode sees it: each
 request's messages are rendered with `router.blocks.render_chat` and cut into blocks of
 `block_tokens` x 4 characters; block i is named by the chained xxh3 of everything up to
-its end (the last, partial block too), and each distinct chained hash gets the next small
-integer id in order of first appearance. So id k at position i means "this block and
+its end (`router.blocks.hash_blocks`, the last, partial block chained on the same way),
+and each distinct chained hash gets the next small integer id in order of first
+appearance. So id k at position i means "this block and
 everything before it", equal prefixes get equal ids, `input_length` is the rendered
 length in tokens (4 characters a token) and `len(hash_ids) == ceil(input_length /
 block_tokens)`, as in the Mooncake traces.
@@ -24,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from router.blocks import chain_seed, estimate_tokens, render_chat
+from router.blocks import chain_seed, estimate_tokens, hash_blocks, render_chat
 from sim.players.text import CHARS_PER_TOKEN
 from sim.players.workload import GameRequest
 from sim.traces import TraceRequest
@@ -46,21 +47,15 @@ class ChainIds:
         return len(self._ids)
 
     def ids(self, text: str) -> list[int]:
-        data = text.encode("utf-8")
-        if len(data) != len(text):  # cut on characters even for non-ASCII text
-            chunks = [
-                text[i : i + self.block_chars].encode("utf-8")
-                for i in range(0, len(text), self.block_chars)
-            ]
-        else:
-            bc = self.block_chars
-            chunks = [data[i : i + bc] for i in range(0, len(data), bc)]
-        out: list[int] = []
-        parent = b""
+        # the gateway's own chain over the full blocks, then the partial last block chained on
+        hashes = hash_blocks(text, seed=self.seed, block_chars=self.block_chars)
+        tail = text[len(hashes) * self.block_chars :]
+        if tail:
+            parent = hashes[-1] if hashes else self.seed
+            hashes.append(xxhash.xxh3_64_intdigest(tail.encode("utf-8", "surrogatepass"), parent))
         table = self._ids
-        for chunk in chunks:
-            h = xxhash.xxh3_64_intdigest(parent + chunk, self.seed)
-            parent = h.to_bytes(8, "little")
+        out: list[int] = []
+        for h in hashes:
             ident = table.get(h)
             if ident is None:
                 ident = table[h] = len(table)

@@ -7,15 +7,17 @@ import struct
 import msgpack
 import pytest
 
+from router.event_feed import (
+    SeqStatus,
+    SeqTracker,
+    apply_events,
+)
 from router.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     MalformedEventError,
-    SeqStatus,
-    SeqTracker,
-    apply_events,
     decode_batch,
     decode_frames,
     encode_batch,

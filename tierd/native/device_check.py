@@ -27,18 +27,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-C_SOURCES = [
-    "_native.c",
-    "wg_args.c",
-    "wg_arena.c",
-    "wg_device.c",
-    "wg_gpu.c",
-    "wg_pyio.c",
-    "wg_pycrc.c",
-    "wg_fileio.c",
-    "wg_crc32c.c",
-    "wg_pool.c",
-]
+# every C file of the module (the GPU backend is the .cu, built apart)
+C_SOURCES = sorted(p.name for p in HERE.glob("*.c"))
 
 
 def _compiler(name: str, env_var: str, extra: Sequence[str]) -> str | None:

@@ -1,0 +1,132 @@
+"""Feeding one publisher's KV events into the prefix index: sequencing and applying.
+
+`SeqTracker` is a pure state machine over one publisher's sequence numbers: the first batch
+is accepted as is, +1 is in order, a jump forward is a gap (batches were lost), a number at
+or below the last one is a restart (a new publisher counts from 0 again). On a gap or a
+restart the consumer must drop what it believed about that publisher's instance.
+
+`apply_events` places each event by its medium (GPU -> the instance's L1, CPU -> its L2,
+STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> its L3) and inserts, removes
+or clears. No I/O: the ZMQ consumer and the Redis stream reader both call these.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from router.events import AllBlocksCleared, BlockStored, KvEvent
+from router.index import ARRAY
+from router.types import Tier
+
+# ---- sequencing -------------------------------------------------------------------------
+
+
+class SeqStatus(enum.Enum):
+    FIRST = "first"  # the first batch seen from this publisher
+    IN_ORDER = "in_order"
+    GAP = "gap"  # batches were lost: what we believe about the instance is stale
+    RESTART = "restart"  # the publisher started over (seq went back)
+
+
+@dataclass(frozen=True, slots=True)
+class SeqVerdict:
+    status: SeqStatus
+    missed: int = 0  # batches lost (GAP only)
+
+    @property
+    def must_resync(self) -> bool:
+        return self.status in (SeqStatus.GAP, SeqStatus.RESTART)
+
+
+@dataclass(slots=True)
+class SeqTracker:
+    """One publisher's sequence: classify each batch and count gaps and restarts."""
+
+    last: int | None = None
+    gaps: int = 0
+    missed: int = 0
+    restarts: int = 0
+
+    def observe(self, seq: int) -> SeqVerdict:
+        last, self.last = self.last, seq
+        if last is None:
+            return SeqVerdict(SeqStatus.FIRST)
+        if seq == last + 1:
+            return SeqVerdict(SeqStatus.IN_ORDER)
+        if seq > last + 1:
+            self.gaps += 1
+            self.missed += seq - last - 1
+            return SeqVerdict(SeqStatus.GAP, missed=seq - last - 1)
+        self.restarts += 1
+        return SeqVerdict(SeqStatus.RESTART)
+
+    def reset(self) -> None:
+        self.last = None
+
+
+# ---- applying events to an index ---------------------------------------------------------
+
+
+class IndexSink(Protocol):
+    """What `apply_events` needs of `router.index.PrefixIndex`."""
+
+    def insert(self, instance: str, hashes: Sequence[int], tier: Tier) -> object: ...
+
+    def remove(self, instance: str, hashes: Sequence[int], tier: Tier | None) -> object: ...
+
+    def clear_instance(self, instance: str) -> object: ...
+
+
+def medium_target(
+    instance: str, medium: str | None, array_id: str = ARRAY
+) -> tuple[str, Tier] | None:
+    """Where a medium's blocks live in the index: GPU -> the instance's L1, CPU -> its L2,
+    STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> the instance's L3.
+    None (an unknown medium) means the event is skipped."""
+    m = (medium or "GPU").upper()
+    if m == "GPU":
+        return instance, Tier.L1
+    if m == "CPU":
+        return instance, Tier.L2
+    if m in ("STORAGE", "ARRAY"):
+        return array_id, Tier.ARRAY
+    if m == "SNAPSHOT":
+        return instance, Tier.L3
+    return None
+
+
+@dataclass(slots=True)
+class ApplyCounts:
+    stored: int = 0  # blocks inserted
+    removed: int = 0  # blocks removed
+    cleared: int = 0  # AllBlocksCleared events
+    unknown_medium: int = 0  # events skipped for a medium we cannot place
+    by_tier: dict[Tier, int] = field(default_factory=dict)
+
+
+def apply_events(
+    index: IndexSink, instance: str, events: Sequence[KvEvent], array_id: str = ARRAY
+) -> ApplyCounts:
+    """Feed one publisher's events into the index, for `instance`."""
+    counts = ApplyCounts()
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            index.clear_instance(instance)
+            counts.cleared += 1
+            continue
+        target = medium_target(instance, event.medium, array_id)
+        if target is None:
+            counts.unknown_medium += 1
+            continue
+        where, tier = target
+        if isinstance(event, BlockStored):
+            index.insert(where, list(event.block_hashes), tier)
+            counts.stored += len(event.block_hashes)
+            counts.by_tier[tier] = counts.by_tier.get(tier, 0) + len(event.block_hashes)
+        else:
+            index.remove(where, list(event.block_hashes), tier)
+            counts.removed += len(event.block_hashes)
+    return counts
