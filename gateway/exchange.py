@@ -58,7 +58,7 @@ class Exchange:
         pieces = relay.feed(chunk)
         if relay.saw_content and self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.started
-            self.state.router.on_first_token(self.rr, instance, self.ttft_s)
+            self.state.router.on_first_token(self.rr, self.decision, instance, self.ttft_s)
         return pieces
 
     def attempt_failed(self, instance: str, kind: str, message: str) -> None:

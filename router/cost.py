@@ -2,15 +2,13 @@
 one instance, in seconds, and its calibration from observed TTFTs.
 
 For a request of U uncached tokens after C cached ones on an instance with Q queued prefill
-tokens and D requests in flight:
+tokens (to compute, i.e. less what was predicted cached) and D requests in flight:
 
     compute  = queue + prefill + interference            (GPU time, seconds)
-      queue        = Q x f x t_tok                  f: uncached share of the requests most
-                                                      recently sent there (the queue is made
-                                                      of them), t_tok: seconds per uncached
-                                                      token at the instance's mean context
+      queue        = Q x t_tok                      t_tok: seconds per uncached token at
+                                                      the instance's mean context
       prefill      = overhead + per_token U + attention U (C + U/2)
-      interference = ceil((Q f + U) / budget) x decode_step(D, D x context)
+      interference = ceil((Q + U) / budget) x decode_step(D, D x context)
                      (chunked prefill shares each step with every decoding sequence)
     load     = sum over slow tiers of tokens x kv_bytes_per_token / bandwidth(tier)
     ttft     = k x compute + max(0, load - k x queue)
@@ -173,14 +171,13 @@ _L1 = Tier.L1.label
 
 
 class _InstanceModel:
-    __slots__ = ("ctx_mean", "fits", "queued_frac", "s_xx", "s_xy", "samples", "uncached_frac")
+    __slots__ = ("ctx_mean", "fits", "s_xx", "s_xy", "samples", "uncached_frac")
 
     def __init__(self, prior_x: float, prior_weight: float) -> None:
         self.s_xx = prior_weight * prior_x * prior_x
         self.s_xy = self.s_xx  # k = 1
         self.fits = 0  # (prediction, observed TTFT) pairs learnt from
         self.uncached_frac = 1.0
-        self.queued_frac = 1.0  # uncached share of the requests most recently sent here
         self.ctx_mean = 0.0
         self.samples = 0
 
@@ -196,7 +193,6 @@ class TtftCostModel:
         prior_weight: float = 5.0,
         prior_compute_s: float = 0.5,
         stats_alpha: float = 0.05,
-        queue_alpha: float = 0.2,
         k_bounds: tuple[float, float] = (0.1, 10.0),
     ) -> None:
         if not 0.0 < forgetting <= 1.0:
@@ -206,7 +202,6 @@ class TtftCostModel:
         self.prior_weight = prior_weight
         self.prior_compute_s = prior_compute_s
         self.stats_alpha = stats_alpha
-        self.queue_alpha = queue_alpha
         self.k_bounds = k_bounds
         self._bandwidths: dict[str, dict[str, float]] = {}
         self._models: dict[str, _InstanceModel] = {}
@@ -283,7 +278,7 @@ class TtftCostModel:
             k = self._pooled_k
         cached = min(prompt_tokens, sum(cached_tokens_by_tier.values()))
         uncached = max(1, prompt_tokens - cached)
-        queued = queued_prefill_tokens * m.queued_frac
+        queued = float(queued_prefill_tokens)
         # seconds per uncached token of queued work, at this instance's typical context
         per_tok = p.prefill_per_token_s + p.prefill_attention_s * m.ctx_mean
         queue_c = queued * per_tok
@@ -318,15 +313,6 @@ class TtftCostModel:
         )
 
     # -- calibration --------------------------------------------------------------------
-
-    def note_dispatch(self, instance: str, *, prompt_tokens: int, cached_tokens: int) -> None:
-        """A request was sent to `instance`: the queue there is made of the latest ones, so
-        their uncached share (a fast running mean) says how much of it is real work."""
-        if prompt_tokens <= 0:
-            return
-        m = self._model(instance)
-        frac = max(0.0, min(1.0, 1.0 - cached_tokens / prompt_tokens))
-        m.queued_frac += self.queue_alpha * (frac - m.queued_frac)
 
     def observe(
         self,
@@ -365,7 +351,6 @@ class TtftCostModel:
             name: {
                 "speed_factor": self.speed_factor(name),
                 "uncached_fraction": m.uncached_frac,
-                "queued_uncached_fraction": m.queued_frac,
                 "mean_context_tokens": m.ctx_mean,
                 "samples": float(m.samples),
             }

@@ -1,8 +1,10 @@
 """The load view: how busy each instance is, as the router itself has seen it.
 
 Per instance it keeps requests in flight (routed, not finished) and queued prefill tokens
-(prompt tokens routed there whose first token has not been seen yet: the prefill work still
-ahead of a new request). Counts from other gateway replicas arrive through `set_remote`
+(the tokens to compute of requests routed there whose first token has not been seen yet:
+the prefill work still ahead of a new request). The router passes each request's prompt
+tokens less what it predicted cached there, since a cached follow-up turn queues far less
+work than its prompt length. Counts from other gateway replicas arrive through `set_remote`
 (the shared state feeds them) and are added to this replica's own in-flight count.
 Counters never go below zero, so a duplicate or late completion cannot corrupt them.
 """
@@ -31,23 +33,23 @@ class LoadView:
             load = self._loads[instance] = _Load()
         return load
 
-    def on_dispatch(self, instance: str, prompt_tokens: int) -> None:
-        """A request was sent to `instance`."""
+    def on_dispatch(self, instance: str, prefill_tokens: int) -> None:
+        """A request with `prefill_tokens` to compute was sent to `instance`."""
         load = self._get(instance)
         load.in_flight += 1
-        load.queued_tokens += max(0, prompt_tokens)
+        load.queued_tokens += max(0, prefill_tokens)
 
-    def on_first_token(self, instance: str, prompt_tokens: int) -> None:
+    def on_first_token(self, instance: str, prefill_tokens: int) -> None:
         """Its prefill is done: its tokens leave the queue."""
         load = self._get(instance)
-        load.queued_tokens = max(0, load.queued_tokens - max(0, prompt_tokens))
+        load.queued_tokens = max(0, load.queued_tokens - max(0, prefill_tokens))
 
-    def on_finish(self, instance: str, prompt_tokens: int, got_first_token: bool) -> None:
+    def on_finish(self, instance: str, prefill_tokens: int, got_first_token: bool) -> None:
         """It finished (or failed); a request that never saw a first token leaves the queue now."""
         load = self._get(instance)
         load.in_flight = max(0, load.in_flight - 1)
         if not got_first_token:
-            load.queued_tokens = max(0, load.queued_tokens - max(0, prompt_tokens))
+            load.queued_tokens = max(0, load.queued_tokens - max(0, prefill_tokens))
 
     def set_remote(self, instance: str, in_flight: int) -> None:
         """Other gateway replicas' in-flight requests on `instance` (replaces the last value)."""

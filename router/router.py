@@ -2,8 +2,9 @@
 
 `route()` is a pure decision: it asks the index how much of the request's block chain each
 candidate holds (by tier), reads the load view, and lets the policy choose. The lifecycle
-calls that follow a decision change state: `on_dispatch` (load +1, predict-on-route insert
-of the chain on the chosen instance, TTL'd), `on_first_token` (prefill done),
+calls that follow a decision change state: `on_dispatch` (load +1, its predicted uncached
+tokens join the instance's prefill queue, predict-on-route insert of the chain on the
+chosen instance, TTL'd), `on_first_token` (prefill done: they leave the queue),
 `on_complete` (load -1, the policy observes the outcome, predicted-vs-reported cached-token
 accounting). The same object runs in the gateway and in the cluster simulator.
 """
@@ -96,7 +97,7 @@ class Router:
     def on_dispatch(self, request: RouteRequest, decision: Decision, instance: str) -> None:
         """The request is being sent to `instance` (the decision's choice or a fallback)."""
         now = self._clock()
-        self.load.on_dispatch(instance, request.prompt_tokens)
+        self.load.on_dispatch(instance, _uncached_tokens(request, decision, instance))
         if self.predict_on_route and request.block_hashes:
             self.index.insert(instance, request.block_hashes, Tier.L1, now, predicted=True)
         self._totals.routed += 1
@@ -110,9 +111,11 @@ class Router:
             while len(self._sessions) > self._sessions_kept:
                 self._sessions.popitem(last=False)
 
-    def on_first_token(self, request: RouteRequest, instance: str, ttft_s: float) -> None:
+    def on_first_token(
+        self, request: RouteRequest, decision: Decision, instance: str, ttft_s: float
+    ) -> None:
         """The first token came back: the request's prefill left the queue."""
-        self.load.on_first_token(instance, request.prompt_tokens)
+        self.load.on_first_token(instance, _uncached_tokens(request, decision, instance))
 
     def on_complete(
         self,
@@ -125,7 +128,11 @@ class Router:
         ok: bool,
     ) -> None:
         """The request ended (`ttft_s` None: it failed before its first token)."""
-        self.load.on_finish(instance, request.prompt_tokens, got_first_token=ttft_s is not None)
+        self.load.on_finish(
+            instance,
+            _uncached_tokens(request, decision, instance),
+            got_first_token=ttft_s is not None,
+        )
         by_tier = _predicted_by_tier(decision, instance)
         predicted = sum(by_tier.values())
         totals = self._totals
@@ -212,3 +219,10 @@ def _predicted_by_tier(decision: Decision, instance: str) -> dict[str, int]:
         if score.instance == instance:
             return dict(score.cached_tokens_by_tier)
     return {}
+
+
+def _uncached_tokens(request: RouteRequest, decision: Decision, instance: str) -> int:
+    """Prompt tokens `instance` has to compute for `request`, as the decision predicted: what
+    the request adds to that instance's prefill queue (the same figure on entry and exit)."""
+    cached = sum(_predicted_by_tier(decision, instance).values())
+    return max(1, request.prompt_tokens - cached)

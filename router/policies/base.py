@@ -20,7 +20,8 @@ class InstanceView:
 
     id: str
     in_flight: int = 0  # requests routed there and not finished (all gateway replicas)
-    queued_prefill_tokens: int = 0  # prompt tokens routed there whose first token is pending
+    # prompt tokens routed there to compute (not predicted cached) whose first token is pending
+    queued_prefill_tokens: int = 0
     matched_blocks: Mapping[Tier, int] = field(default_factory=dict)  # leading blocks, by tier
     cached_blocks_total: int = 0  # blocks the index believes it holds in all (tree size)
 

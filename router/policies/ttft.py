@@ -174,9 +174,6 @@ class TtftPolicy:
         chosen = min(ties, key=tie_key)
         self.reuse.update(most - chosen.cached, request.prompt_tokens)
         self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
-        self.model.note_dispatch(
-            chosen.view.id, prompt_tokens=request.prompt_tokens, cached_tokens=chosen.cached
-        )
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:

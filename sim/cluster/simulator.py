@@ -202,7 +202,10 @@ class ClusterSimulator:
                 self._to_array(block)
 
     def on_first_token(self, req: SimRequest, at_s: float) -> None:
-        self.router.on_first_token(req.route, self.names[req.instance], at_s - req.arrival_s)
+        assert req.decision is not None
+        self.router.on_first_token(
+            req.route, req.decision, self.names[req.instance], at_s - req.arrival_s
+        )
 
     def on_finish(self, req: SimRequest, at_s: float) -> None:
         assert req.decision is not None

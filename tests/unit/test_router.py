@@ -121,7 +121,9 @@ def test_complete_feeds_policy_and_accounting() -> None:
         cached_tokens_by_tier={"L1": 32, "array": 16},
     )
     router.on_dispatch(r, d, "a")
-    router.on_first_token(r, "a", 0.2)
+    # the prefill queue holds what is to compute: the prompt less the predicted 48 cached
+    assert router.load.view("a") == (1, r.prompt_tokens - 48)
+    router.on_first_token(r, d, "a", 0.2)
     assert router.load.view("a") == (1, 0)
     router.on_complete(r, d, "a", ttft_s=0.2, reported_cached_tokens=40, ok=True)
     assert router.load.view("a") == (0, 0)
