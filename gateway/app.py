@@ -21,10 +21,11 @@ from fastapi import Depends, FastAPI
 from gateway.admin import build_admin_router
 from gateway.auth import require_api_key
 from gateway.errors import install_error_handlers
+from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
-from gateway.openai_api import build_openai_router
+from gateway.openai_api import add_completion_routes, build_openai_router
 from gateway.ops import build_ops_router
 from gateway.prefetch import Prefetcher
 from gateway.routing import build_router
@@ -39,8 +40,18 @@ log = logging.getLogger("warmgate.app")
 EXTENSIONS: tuple[str, ...] = ("gateway.shared", "gateway.kv_events")
 
 
+def build_upstream(settings: Settings) -> H1Pool:
+    """The proxy's connections to the engines (the same limits as `build_client`'s)."""
+    t = settings.timeouts
+    return H1Pool(
+        Timeouts(connect_s=t.connect_s, read_s=t.read_s, write_s=t.write_s, pool_s=t.pool_s),
+        max_connections=t.max_connections,
+        max_keepalive=t.max_keepalive,
+    )
+
+
 def build_client(settings: Settings) -> httpx.AsyncClient:
-    """The one pooled client for every upstream call (engines and health checks)."""
+    """The pooled client for upstream calls other than proxying (tierd hints, /tokenize)."""
     t = settings.timeouts
     return httpx.AsyncClient(
         timeout=httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.write_s, pool=t.pool_s),
@@ -69,6 +80,7 @@ def build_state(settings: Settings) -> AppState:
     state = AppState(
         settings=settings,
         client=client,
+        upstream=build_upstream(settings),
         metrics=metrics,
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
         health=HealthChecker(settings.instances, settings.health, health_client, metrics),
@@ -126,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url=None,
     )
     install_error_handlers(app)
+    add_completion_routes(app)
     app.include_router(build_openai_router(), dependencies=[Depends(require_api_key)])
     app.include_router(build_admin_router(), dependencies=[Depends(require_api_key)])
     app.include_router(build_ops_router())

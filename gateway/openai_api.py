@@ -1,13 +1,22 @@
 """The OpenAI-compatible API: `POST /v1/chat/completions`, `POST /v1/completions`,
-`GET /v1/models` (the union of the healthy instances' models)."""
+`GET /v1/models` (the union of the healthy instances' models).
+
+The two completion endpoints are plain Starlette routes that check the API key themselves:
+FastAPI's per-route machinery (dependency solving, the endpoint wrapper) cost about 10% of
+the gateway's CPU per proxied request and they use none of it. Errors still go through the
+app's exception handlers, as for every other route.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.auth import require_api_key
 from gateway.errors import OpenAIError
-from gateway.parse import Kind, parse_chat, parse_completion, parse_json_object, read_body
+from gateway.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.proxy import proxy_completion
 from gateway.state import AppState, app_state
 
@@ -19,13 +28,10 @@ async def _serve(request: Request, kind: Kind) -> Response:
     request_id = str(request.state.request_id)
     try:
         raw = await read_body(request, state.settings.max_body_bytes)
-        body = parse_json_object(raw)
+        body, fast_json = decode_json_object(raw)
         session_header = request.headers.get("x-session-id")
-        parsed = (
-            parse_chat(body, session_header)
-            if kind == "chat"
-            else parse_completion(body, session_header)
-        )
+        parse = parse_chat if kind == "chat" else parse_completion
+        parsed = parse(body, session_header, raw, fast_json)
         return await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
     except OpenAIError as err:
         _count_refusal(state, err)
@@ -41,16 +47,22 @@ def _count_refusal(state: AppState, err: OpenAIError) -> None:
     state.stats.outcomes[outcome] += 1
 
 
+def _endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        await require_api_key(request)
+        return await _serve(request, kind)
+
+    return endpoint
+
+
+def add_completion_routes(app: FastAPI) -> None:
+    for kind, path in _PATHS.items():
+        app.add_route(path, _endpoint(kind), methods=["POST"], include_in_schema=False)
+
+
 def build_openai_router() -> APIRouter:
+    """`GET /v1/models` (mounted behind the API-key dependency)."""
     router = APIRouter()
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _serve(request, "chat")
-
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _serve(request, "completion")
 
     @router.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

@@ -1,11 +1,11 @@
 """Reading and validating OpenAI request bodies: the size limit, JSON, the fields the gateway
 needs (each mistake a 400 naming its `param`), the session key, the body sent upstream
-(`stream_options.include_usage` forced on streams, everything else untouched) and the
+(`stream_options.include_usage` forced on streams, everything else untouched: the client's
+own bytes when nothing needs to change) and the
 `RouteRequest` the router sees (canonical prompt text cut into chained-hash blocks)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from gateway.errors import bad_request, body_too_large
+from gateway.jsonc import decode_exact, encode
 from gateway.settings import RoutingSettings
 from router.blocks import chain_seed, hash_blocks, render_chat, render_prompt
 from router.types import RouteRequest
@@ -33,6 +34,8 @@ class ParsedRequest:
     prompt_text: str
     max_tokens: int | None
     cache_salt: str | None
+    raw: bytes = b""  # the client's body as received (forwarded when nothing changes)
+    fast_json: bool = True  # no NaN/Infinity in it: orjson may re-encode it
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -50,16 +53,21 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def decode_json_object(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """(body, fast_json) of a request body that must be a JSON object."""
     if not raw.strip():
         raise bad_request("The request body is empty; a JSON object was expected.")
     try:
-        body = json.loads(raw)
+        body, fast = decode_exact(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
-    return body
+    return body, fast
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    return decode_json_object(raw)[0]
 
 
 def _opt_int(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
@@ -128,7 +136,9 @@ def _common(body: dict[str, Any], session_header: str | None) -> dict[str, Any]:
     }
 
 
-def parse_chat(body: dict[str, Any], session_header: str | None) -> ParsedRequest:
+def parse_chat(
+    body: dict[str, Any], session_header: str | None, raw: bytes = b"", fast_json: bool = True
+) -> ParsedRequest:
     common = _common(body, session_header)
     messages = body.get("messages")
     if messages is None:
@@ -153,10 +163,14 @@ def parse_chat(body: dict[str, Any], session_header: str | None) -> ParsedReques
     if tools is not None and not isinstance(tools, list):
         raise bad_request("`tools` must be an array.", param="tools")
     text = render_chat(messages, tools)
-    return ParsedRequest(kind="chat", body=body, prompt_text=text, **common)
+    return ParsedRequest(
+        kind="chat", body=body, prompt_text=text, raw=raw, fast_json=fast_json, **common
+    )
 
 
-def parse_completion(body: dict[str, Any], session_header: str | None) -> ParsedRequest:
+def parse_completion(
+    body: dict[str, Any], session_header: str | None, raw: bytes = b"", fast_json: bool = True
+) -> ParsedRequest:
     common = _common(body, session_header)
     prompt = body.get("prompt")
     if prompt is None:
@@ -174,20 +188,26 @@ def parse_completion(body: dict[str, Any], session_header: str | None) -> Parsed
             "`prompt` must be a string, an array of strings or an array of token ids.",
             param="prompt",
         )
-    return ParsedRequest(kind="completion", body=body, prompt_text=render_prompt(prompt), **common)
+    text = render_prompt(prompt)
+    return ParsedRequest(
+        kind="completion", body=body, prompt_text=text, raw=raw, fast_json=fast_json, **common
+    )
 
 
 def upstream_body(parsed: ParsedRequest, stream_upstream: bool = False) -> bytes:
     """The body sent to the engine: the client's, with usage forced on for streams (and a
-    stream asked for when `stream_upstream`, to be assembled for a non-streaming client)."""
+    stream asked for when `stream_upstream`, to be assembled for a non-streaming client);
+    the client's exact bytes when that changes nothing."""
     body = parsed.body
     if stream_upstream and not parsed.stream:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    elif parsed.stream:
+    elif parsed.stream and not parsed.client_wants_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body = {**body, "stream_options": options}
-    return json.dumps(body, separators=(",", ":")).encode()
+    elif parsed.raw:
+        return parsed.raw
+    return encode(body, parsed.fast_json)
 
 
 def route_request(parsed: ParsedRequest, routing: RoutingSettings) -> RouteRequest:

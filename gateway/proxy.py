@@ -18,7 +18,6 @@ import json
 import logging
 import time
 
-import httpx
 from fastapi.responses import Response
 from starlette.requests import Request
 
@@ -30,6 +29,7 @@ from gateway.errors import (
     no_healthy_instance,
 )
 from gateway.exchange import Exchange
+from gateway.h1pool import UpstreamError, UpstreamTimeout
 from gateway.parse import ParsedRequest, upstream_body
 from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
@@ -148,19 +148,18 @@ async def _attempt(
     body: bytes,
     headers: dict[str, str],
 ) -> Response:
-    url = state.health.instance_url(instance) + path
-    upstream_request = state.client.build_request("POST", url, content=body, headers=headers)
+    target = state.upstream.target(state.health.instance_url(instance) + path)
     try:
-        resp = await race_disconnect(request, state.client.send(upstream_request, stream=True))
-    except httpx.TimeoutException as exc:
-        raise AttemptFailed("timeout", f"{instance}: {type(exc).__name__}") from None
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.NetworkError) as exc:
+        resp = await race_disconnect(request, state.upstream.post(target, headers, body))
+    except UpstreamTimeout as exc:
+        raise AttemptFailed("timeout", f"{instance}: {type(exc).__name__}: {exc}") from None
+    except UpstreamError as exc:
         state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
         raise AttemptFailed("connect", f"{instance}: {type(exc).__name__}: {exc}") from None
     if resp.status_code >= 400:
         try:
             content = await race_disconnect(request, resp.aread())
-        except httpx.HTTPError:
+        except UpstreamError:
             content = b""
         finally:
             await resp.aclose()

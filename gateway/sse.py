@@ -13,10 +13,11 @@ Events that need no change are passed on as the exact bytes received.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.jsonc import decode, encode
 
 
 @dataclass
@@ -71,7 +72,7 @@ class SseRelay:
         ):
             return frame  # fast path: nothing left to learn from or strip in this chunk
         try:
-            chunk = json.loads(payload)
+            chunk, fast = decode(payload)
         except ValueError:
             return frame
         if not isinstance(chunk, dict):
@@ -91,7 +92,7 @@ class SseRelay:
         if usage is not None and not chunk.get("choices"):
             return b""  # the usage-only chunk the client did not ask for
         del chunk["usage"]
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + encode(chunk, fast) + b"\n\n"
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 from starlette.requests import Request
 
+from gateway.h1pool import H1Pool
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.prefetch import Prefetcher
@@ -51,7 +52,8 @@ class AppState:
     """The gateway's objects, one set per app."""
 
     settings: Settings
-    client: httpx.AsyncClient  # the one pooled upstream client
+    client: httpx.AsyncClient  # pooled client for upstream calls besides proxying
+    upstream: H1Pool  # the proxy's pooled engine connections
     metrics: GatewayMetrics
     stats: GatewayStats
     health: HealthChecker
@@ -92,6 +94,7 @@ class AppState:
             except Exception as exc:  # one failing closer must not skip the others
                 log.warning("closer failed: %r", exc)
         await self.prefetcher.aclose()
+        await self.upstream.aclose()
         await self.client.aclose()
 
 

@@ -11,12 +11,10 @@ Each raises `AttemptFailed` for a failure that happened before the client got a 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
-import httpx
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
@@ -24,6 +22,8 @@ from gateway.aggregate import StreamAggregator
 from gateway.disconnect import RelayResponse, race_disconnect
 from gateway.errors import sse_error_event
 from gateway.exchange import Exchange
+from gateway.h1pool import UpstreamError, UpstreamResponse
+from gateway.jsonc import decode
 from gateway.sse import SseRelay
 
 DONE = b"data: [DONE]\n\n"
@@ -57,13 +57,15 @@ async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
         return b""
 
 
-def response_headers(upstream: httpx.Response, ex: Exchange, instance: str) -> dict[str, str]:
+def response_headers(upstream: UpstreamResponse, ex: Exchange, instance: str) -> dict[str, str]:
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
     headers.update(ex.routing_headers(instance))
     return headers
 
 
-async def assemble(request: Request, ex: Exchange, instance: str, resp: httpx.Response) -> Response:
+async def assemble(
+    request: Request, ex: Exchange, instance: str, resp: UpstreamResponse
+) -> Response:
     """A non-streaming client's answer, assembled from the engine's stream: nothing has
     been sent before the end, so any failure on the way can still fail over."""
     aggregator = StreamAggregator(ex.parsed.kind)
@@ -76,7 +78,7 @@ async def assemble(request: Request, ex: Exchange, instance: str, resp: httpx.Re
 
     try:
         await race_disconnect(request, consume())
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
@@ -90,17 +92,17 @@ async def assemble(request: Request, ex: Exchange, instance: str, resp: httpx.Re
     return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
 
 
-async def whole(request: Request, ex: Exchange, instance: str, resp: httpx.Response) -> Response:
+async def whole(request: Request, ex: Exchange, instance: str, resp: UpstreamResponse) -> Response:
     try:
         content = await race_disconnect(request, resp.aread())
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
     usage: dict[str, Any] | None = None
     try:
-        parsed_body = json.loads(content)
+        parsed_body, _ = decode(content)
         if isinstance(parsed_body, dict) and isinstance(parsed_body.get("usage"), dict):
             usage = parsed_body["usage"]
     except ValueError:
@@ -111,11 +113,11 @@ async def whole(request: Request, ex: Exchange, instance: str, resp: httpx.Respo
     )
 
 
-async def stream(request: Request, ex: Exchange, instance: str, resp: httpx.Response) -> Response:
+async def stream(request: Request, ex: Exchange, instance: str, resp: UpstreamResponse) -> Response:
     it = resp.aiter_bytes()
     try:
         first = await race_disconnect(request, _first_chunk(it))
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         await resp.aclose()
         raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
     except BaseException:
@@ -145,7 +147,7 @@ async def stream(request: Request, ex: Exchange, instance: str, resp: httpx.Resp
 async def _relay(
     ex: Exchange,
     instance: str,
-    resp: httpx.Response,
+    resp: UpstreamResponse,
     it: AsyncIterator[bytes],
     first: bytes,
     relay: SseRelay,
@@ -175,7 +177,7 @@ async def _relay(
             yield DONE
         else:
             outcome, ok = "ok", True
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         outcome = "upstream_error"
         ex.midstream_error(instance, "midstream")
         message = f"The upstream instance failed mid-stream ({type(exc).__name__})."

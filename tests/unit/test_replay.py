@@ -75,7 +75,7 @@ async def test_compression_and_concurrency_cap(engine: str) -> None:
 
 async def test_a_session_waits_for_its_previous_answer(engine: str) -> None:
     items = [
-        _item(0.0, "first line of a long talk", max_tokens=40, session="p1"),
+        _item(0.0, "first line of a long talk", max_tokens=160, session="p1"),
         _item(0.01, "second line", max_tokens=3, session="p1"),
         _item(0.01, "someone else", max_tokens=3, session="p2"),
     ]

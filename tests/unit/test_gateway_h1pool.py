@@ -1,0 +1,232 @@
+"""The proxy's upstream HTTP/1.1 pool against real loopback servers: keep-alive reuse, chunked
+and length-framed bodies, back-pressure, a connection not reused after a response left
+unread, the connection limit, and every failure mapped to its `UpstreamError`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.h1pool import (
+    H1Pool,
+    Target,
+    Timeouts,
+    UpstreamConnectError,
+    UpstreamReadError,
+    UpstreamTimeout,
+)
+from tests.support.procs import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Serve = Callable[[Handler], Awaitable["Server"]]
+FAST = Timeouts(connect_s=2.0, read_s=2.0, write_s=2.0, pool_s=2.0)
+
+
+class Server:
+    """A raw TCP server on loopback counting the connections it accepted."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client left, or the test ended
+        finally:
+            writer.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        body = await reader.readexactly(length)
+        self.requests.append(head + body)
+        return body
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> Server:
+        server = Server(handler)
+        server.port = free_port()
+        servers.append(await asyncio.start_server(server._serve, "127.0.0.1", server.port))
+        return server
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def target(server: Server, path: str = "/v1/chat/completions") -> Target:
+    return Target.parse(f"http://127.0.0.1:{server.port}{path}")
+
+
+async def test_keep_alive_reuses_one_connection_and_reads_both_framings(serve: Serve) -> None:
+    server: Server
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await server.read_request(reader)
+            if body == b"chunked":
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n")
+                writer.write(b"content-type: text/event-stream\r\nx-a: 1\r\nx-a: 2\r\n\r\n")
+                for piece in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 201 Created\r\ncontent-length: 5\r\n\r\nhello")
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = H1Pool(FAST, max_connections=4, max_keepalive=4)
+    r = await pool.post(target(server), {"x-request-id": "r1"}, b"chunked")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream"
+    assert r.headers["X-A"] == "1, 2"
+    assert await r.aread() == b"data: 1\n\ndata: [DONE]\n\n"
+    await r.aclose()
+    r = await pool.post(target(server), {}, b"plain")
+    assert (r.status_code, await r.aread()) == (201, b"hello")
+    await r.aclose()
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"\r\nx-request-id: r1\r\n" in first and b"\r\ncontent-length: 7\r\n" in first
+    assert first.endswith(b"\r\n\r\nchunked")
+    await pool.aclose()
+
+
+async def test_a_response_closed_unread_is_not_reused(serve: Serve) -> None:
+    server: Server
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"56789")
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = H1Pool(FAST, max_connections=4, max_keepalive=4)
+    r = await pool.post(target(server), {}, b"x")
+    await r.aclose()  # the rest of the body is still on its way
+    r = await pool.post(target(server), {}, b"x")
+    assert await r.aread() == b"0123456789"
+    await r.aclose()
+    assert server.connections == 2
+    await pool.aclose()
+
+
+async def test_a_large_body_streams_through_with_back_pressure(serve: Serve) -> None:
+    server: Server
+    size = 4 * 1024 * 1024
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for _ in range(size // len(body)):
+            writer.write(body)
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = H1Pool(FAST, max_connections=4, max_keepalive=4)
+    r = await pool.post(target(server), {}, b"x" * 65536 * 2)  # a body sent in two writes
+    got = 0
+    async for chunk in r.aiter_bytes():
+        got += len(chunk)
+        await asyncio.sleep(0)
+    assert got == size
+    await r.aclose()
+    await pool.aclose()
+
+
+async def test_failures_map_to_upstream_errors(serve: Serve) -> None:
+    async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+
+    async def cut_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1)
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    pool = H1Pool(
+        Timeouts(connect_s=1.0, read_s=0.2, write_s=1.0, pool_s=1.0),
+        max_connections=8,
+        max_keepalive=8,
+    )
+    with pytest.raises(UpstreamConnectError):
+        await pool.post(target(await serve(close_at_once)), {}, b"x")
+    with pytest.raises(UpstreamReadError):
+        await pool.post(target(await serve(garbage)), {}, b"x")
+    r = await pool.post(target(await serve(cut_mid_body)), {}, b"x")
+    with pytest.raises(UpstreamReadError):
+        await r.aread()
+    await r.aclose()
+    with pytest.raises(UpstreamTimeout):
+        await pool.post(target(await serve(silent)), {}, b"x")
+    with pytest.raises(UpstreamConnectError):
+        await pool.post(Target.parse(f"http://127.0.0.1:{free_port()}/"), {}, b"x")
+    with pytest.raises(ValueError):
+        await pool.post(target(await serve(silent)), {"x-bad": "a\r\nb: c"}, b"x")
+    await pool.aclose()
+
+
+async def test_the_connection_limit_makes_requests_wait_then_time_out(serve: Serve) -> None:
+    server: Server
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = H1Pool(
+        Timeouts(connect_s=1.0, read_s=1.0, write_s=1.0, pool_s=0.2),
+        max_connections=1,
+        max_keepalive=1,
+    )
+    held = await pool.post(target(server), {}, b"x")
+    with pytest.raises(UpstreamTimeout):
+        await pool.post(target(server), {}, b"x")  # the one connection is busy
+    waiting = asyncio.create_task(pool.post(target(server), {}, b"x"))
+    await asyncio.sleep(0.05)
+    assert await held.aread() == b"ok"  # read to its end: the connection goes back
+    await held.aclose()
+    second = await waiting
+    assert await second.aread() == b"ok"
+    await second.aclose()
+    assert server.connections == 1
+    await pool.aclose()
+
+
+def test_targets_parse_once_per_url() -> None:
+    t = Target.parse("http://engine.local:8001/v1/completions?x=1")
+    assert (t.host, t.port, t.host_header, t.path) == (
+        "engine.local", 8001, b"engine.local:8001", b"/v1/completions?x=1",
+    )  # fmt: skip
+    with pytest.raises(ValueError):
+        Target.parse("https://engine.local/v1")
