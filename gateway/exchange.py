@@ -140,6 +140,8 @@ class Exchange:
             reported_cached=reported,
             reported_prompt=reported_prompt,
         )
+        if not log.isEnabledFor(logging.INFO):
+            return  # spare building the record's fields
         log.info(
             "%s %s -> %s %s",
             self.parsed.kind,

@@ -178,15 +178,19 @@ class _Connection(asyncio.Protocol):
         return any(n in ("content-length", "transfer-encoding") for n, _ in self._headers)
 
     async def _wait(self, timeout_s: float, what: str) -> None:
-        """Until the parser has something new (or the connection failed)."""
-        self._waiter = self._loop.create_future()
+        """Until the parser has something new, the connection failed or `timeout_s` passed
+        (a bare timer: asyncio.timeout() costs several times more per wait)."""
+        waiter = self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(timeout_s, self._time_out, waiter, timeout_s, what)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            self._fail(UpstreamTimeout(f"no {what} within {timeout_s:g} s"))
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
+
+    def _time_out(self, waiter: asyncio.Future[None], timeout_s: float, what: str) -> None:
+        if not waiter.done():
+            self._fail(UpstreamTimeout(f"no {what} within {timeout_s:g} s"))
 
     def close(self) -> None:
         self.closed = True

@@ -54,17 +54,24 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             path = scope.get("path", "")
-            log.log(
-                logging.DEBUG if path in _QUIET else logging.INFO,
-                "%s %s %s",
-                scope.get("method", ""),
-                path,
-                status,
-                extra={
-                    "method": scope.get("method", ""),
-                    "path": path,
-                    "status": status,
-                    "duration_s": round(time.monotonic() - started, 6),
-                },
-            )
+            level = logging.DEBUG if path in _QUIET else logging.INFO
+            if log.isEnabledFor(level):
+                self._log(scope, path, level, status, started)
             REQUEST_ID.reset(token)
+
+    @staticmethod
+    def _log(scope: Scope, path: str, level: int, status: int, started: float) -> None:
+        method = scope.get("method", "")
+        log.log(
+            level,
+            "%s %s %s",
+            method,
+            path,
+            status,
+            extra={
+                "method": method,
+                "path": path,
+                "status": status,
+                "duration_s": round(time.monotonic() - started, 6),
+            },
+        )

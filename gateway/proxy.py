@@ -38,7 +38,10 @@ from router.types import NoCandidateError
 
 log = logging.getLogger("warmgate.proxy")
 
-_FORWARD_REQUEST = ("authorization", "openai-organization", "openai-project", "user-agent")
+_FORWARD_REQUEST = {
+    name.encode(): name
+    for name in ("authorization", "openai-organization", "openai-project", "user-agent")
+}
 
 
 def _request_headers(request: Request, request_id: str, *, forward_auth: bool) -> dict[str, str]:
@@ -47,12 +50,14 @@ def _request_headers(request: Request, request_id: str, *, forward_auth: bool) -
         "accept-encoding": "identity",
         "x-request-id": request_id,
     }
-    for name in _FORWARD_REQUEST:
+    # One pass over the raw headers (a `request.headers.get()` scans them all each time).
+    for raw_name, raw_value in request.scope["headers"]:
+        name = _FORWARD_REQUEST.get(raw_name)
+        if name is None or name in headers:
+            continue  # not forwarded, or a repeat: the first one counts
         if name == "authorization" and not forward_auth:
             continue  # the client's key is the gateway's, not the engines'
-        value = request.headers.get(name)
-        if value is not None:
-            headers[name] = value
+        headers[name] = raw_value.decode("latin-1")
     return headers
 
 
