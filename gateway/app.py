@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI
 from gateway.admin import build_admin_router
 from gateway.auth import require_api_key
 from gateway.errors import install_error_handlers
+from gateway.fastpath import GatewayApp
 from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
@@ -130,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await state.aclose()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="warmgate",
         lifespan=lifespan,
         docs_url=None,

@@ -138,3 +138,18 @@ def test_a_non_stream_request_is_streamed_upstream_and_assembled(fleet: Fleet) -
     answer = r.json()
     assert answer["choices"][0]["message"]["content"] == "Hail"
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
+def test_fast_routes_keep_the_usual_answers_around_them(fleet: Fleet) -> None:
+    r = httpx.get(f"{fleet.base}/v1/chat/completions", headers={"x-request-id": "rid-get"})
+    assert r.status_code == 405
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert r.headers["x-request-id"] == "rid-get"
+    r = httpx.post(
+        f"{fleet.base}/v1/completions", content=b"{oops", headers={"x-request-id": "rid-bad"}
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert r.headers["x-request-id"] == "rid-bad"
+    r = httpx.post(f"{fleet.base}/v1/completions", json={"model": "echo-model", "prompt": "hi"})
+    assert r.status_code == 200 and r.headers["x-request-id"].startswith("req_")
