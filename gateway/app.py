@@ -24,6 +24,7 @@ from gateway.errors import install_error_handlers
 from gateway.fastpath import GatewayApp
 from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
+from gateway.kv_capacity import run_discovery
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.openai_api import add_completion_routes, build_openai_router
@@ -121,6 +122,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.spawn(state.health.run(), "health-checks")
             if state.prefetcher.available:
                 state.spawn(run_poller(state), "tier-stats")
+            if hasattr(state.router.policy, "set_kv_capacity"):
+                retry_s = settings.health.interval_s
+                state.spawn(run_discovery(state, retry_s=retry_s), "kv-capacity")
             log.info(
                 "gateway ready: %d instances (%d healthy), policy %s",
                 len(settings.instances),

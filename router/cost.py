@@ -104,9 +104,12 @@ class RateMeter:
         if self._last is None or self._first is None:
             return 0.0
         count = self._count * math.exp(-max(0.0, now - self._last) / self.window_s)
-        # before a whole window has passed, divide by the time actually observed
-        span = min(self.window_s, max(now - self._first, 1e-3))
-        return count / span if span < self.window_s else count / self.window_s
+        span = now - self._first
+        if span >= self.window_s:
+            return count / self.window_s
+        # before a whole window has passed: arrivals after the first over the time observed
+        # (a lone first arrival says nothing about the rate)
+        return max(0.0, count - 1.0) / max(span, 1e-3)
 
 
 class ReuseBudget:

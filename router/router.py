@@ -97,7 +97,13 @@ class Router:
     def on_dispatch(self, request: RouteRequest, decision: Decision, instance: str) -> None:
         """The request is being sent to `instance` (the decision's choice or a fallback)."""
         now = self._clock()
-        self.load.on_dispatch(instance, _uncached_tokens(request, decision, instance))
+        computed = _uncached_tokens(request, decision, instance)
+        self.load.on_dispatch(instance, computed)
+        hook: Callable[[RouteRequest, str, int], None] | None = getattr(
+            self.policy, "on_dispatch", None
+        )
+        if hook is not None:
+            hook(request, instance, computed)
         if self.predict_on_route and request.block_hashes:
             self.index.insert(instance, request.block_hashes, Tier.L1, now, predicted=True)
         self._totals.routed += 1
@@ -165,6 +171,7 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         t = self._totals
+        policy_stats = getattr(self.policy, "stats", None)  # what a learning policy knows
         return {
             "policy": self.policy.name,
             "routed": t.routed,
@@ -178,6 +185,7 @@ class Router:
             "routed_by_instance": dict(self._by_instance),
             "load": self.load.snapshot(),
             "index": dict(self.index.stats()),
+            **({"policy_stats": policy_stats()} if callable(policy_stats) else {}),
         }
 
     def where(self, key: str | Sequence[int], block_tokens: int | None = None) -> dict[str, Any]:

@@ -42,7 +42,13 @@ class Outcome:
 
 
 class Policy(Protocol):
-    """Chooses an instance for a request among healthy candidates (never empty)."""
+    """Chooses an instance for a request among healthy candidates (never empty).
+
+    Optional methods the router and gateway call when a policy has them:
+    `on_dispatch(request, instance, computed_tokens)` (where a request was actually sent,
+    the choice or a fallback, and the prompt tokens it computes there as predicted),
+    `set_bandwidths(instance, {tier: bytes/s})`, `set_kv_capacity(instance, tokens)` and
+    `stats()`."""
 
     name: str
 

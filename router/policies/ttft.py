@@ -8,6 +8,7 @@ cannot hide behind the queue, and the prefill of the uncached part, all scaled b
 instance's speed as calibrated from observed TTFTs. Each candidate is scored
 
     score = ttft + imposed_delay + reuse_price x recompute_time(tokens given up)
+                 + recompute_time(active KV pushed out)
 
 - `imposed_delay` is the first-order delay the request's GPU work w adds to later arrivals
   on that instance (prefill is first come, first served): rate x (queue_wait x w + w^2/2).
@@ -20,6 +21,14 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
   instance has more work queued than recomputing the whole prompt would take) the budget
   is hard: only candidates whose given-up tokens fit the budget's allowance qualify, as
   extra work then only lengthens every queue.
+- `active KV pushed out` prices HBM capacity. A session's turns follow its KV, so the
+  instance a session is placed on holds its KV for its whole dialogue. Each instance's
+  working set is the KV its active sessions computed there (`router.footprints`); when
+  the tokens this request computes would take it past the instance's KV capacity, LRU
+  will evict that much of some active session's KV, which is recomputed when that
+  session returns: `max(0, W + U - C) - max(0, W - C)` tokens for working set W, computed
+  tokens U and capacity C. Without a known capacity (`kv_capacity_tokens`,
+  `set_kv_capacity`) the term is zero.
 
 Then:
 1. Load cap: an instance holding `load_cap` x the fair share of the requests in flight
@@ -34,7 +43,8 @@ Then:
 `choose()` remembers the prediction made for the instance it picked (bounded, keyed by
 instance, prompt tokens and predicted cached tokens) so `observe()` can pair an outcome
 with it and calibrate. Dry runs (explain) count as arrivals for the rate meter.
-`set_bandwidths()` takes measured tier bandwidths (tierd stats).
+`set_bandwidths()` takes measured tier bandwidths (tierd stats); `on_dispatch()` (called
+by the router for the instance a request was actually sent to) keeps the footprints.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 import xxhash
 
 from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCostModel
+from router.footprints import SessionFootprints
 from router.policies.base import InstanceView, Outcome
 from router.policies.scoring import cached_tokens_by_tier
 from router.types import CandidateScore, Decision, RouteRequest, ordered_fallbacks
@@ -84,12 +95,16 @@ class TtftPolicy:
         reuse_price_max: float = 10.0,
         reuse_burst_prompts: float = 2.0,
         remembered: int = 8192,
+        kv_capacity_tokens: int | None = None,
+        session_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if tie_rel < 0 or tie_abs_s < 0:
             raise ValueError("tie tolerances must be >= 0")
         if load_cap < 1.0:
             raise ValueError("load_cap must be >= 1")
+        if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
+            raise ValueError("kv_capacity_tokens must be positive")
         base = params or CostParams()
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
@@ -106,10 +121,24 @@ class TtftPolicy:
         self.saturated_decisions = 0
         self._remembered = remembered
         self._pending: OrderedDict[_Key, Prediction] = OrderedDict()
+        # KV capacity per instance, in tokens: the default for all, or what each reported
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self._kv_capacity: dict[str, int] = {}
+        self.footprints = SessionFootprints(default_window_s=session_window_s)
 
     def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
         """Measured bytes/s per tier label ("L2", "array", "L3") into `instance`'s HBM."""
         self.model.set_bandwidths(instance, bandwidths)
+
+    def set_kv_capacity(self, instance: str, tokens: int) -> None:
+        """`instance`'s HBM KV capacity in tokens (its engine's blocks x block size)."""
+        if tokens > 0:
+            self._kv_capacity[instance] = tokens
+
+    def on_dispatch(self, request: RouteRequest, instance: str, computed_tokens: int) -> None:
+        """The request was sent to `instance`, computing `computed_tokens` there."""
+        if request.session_key:
+            self.footprints.record(request.session_key, instance, computed_tokens, self._clock())
 
     def _cap(self, candidates: Sequence[InstanceView]) -> int:
         total = sum(v.in_flight for v in candidates)
@@ -138,15 +167,27 @@ class TtftPolicy:
         share_base = sum(v.in_flight for v in candidates) + len(candidates)
         cap = self._cap(candidates)
         most = max((s.cached for s in scored if s.view.in_flight < cap), default=0)
-        per_token = self.reuse.price * self.model.params.prefill_per_token_s
+        per_token_s = self.model.params.prefill_per_token_s
+        reuse_s = self.reuse.price * per_token_s
+        self.footprints.expire(now)
         for s in scored:
             arrivals = rate * (s.view.in_flight + 1) / share_base
             s.score = (
                 s.pred.ttft_s
                 + s.pred.imposed_delay_s(arrivals)
-                + per_token * max(0, most - s.cached)
+                + reuse_s * max(0, most - s.cached)
+                + per_token_s * self._pushed_out(s.view.id, request.prompt_tokens - s.cached)
             )
         return scored
+
+    def _pushed_out(self, instance: str, computed_tokens: int) -> int:
+        """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`
+        would push out of its HBM (0 while the working set fits, or capacity unknown)."""
+        capacity = self._kv_capacity.get(instance, self.kv_capacity_tokens)
+        if not capacity:
+            return 0
+        working = self.footprints.working_set(instance)
+        return max(0, working + max(0, computed_tokens) - capacity) - max(0, working - capacity)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         scored = self._score_all(request, candidates)
@@ -225,9 +266,16 @@ class TtftPolicy:
         )
 
     def stats(self) -> dict[str, object]:
+        instances = self.model.snapshot()
         return {
-            "instances": self.model.snapshot(),
+            "instances": instances,
             "reuse_price": self.reuse.price,
             "reuse_lost_share": self.reuse.lost_share,
             "saturated_decisions": self.saturated_decisions,
+            "kv_capacity_tokens": {
+                i: self._kv_capacity.get(i, self.kv_capacity_tokens) for i in sorted(instances)
+            },
+            "active_sessions": len(self.footprints),
+            "session_window_s": self.footprints.window_s,
+            "working_set_tokens": {i: self.footprints.working_set(i) for i in sorted(instances)},
         }

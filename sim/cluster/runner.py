@@ -1,6 +1,7 @@
 """Run one policy over a trace in the cluster simulator, with the policy built from the
 router's registry and given what a deployment would give it: the cost model's starting
-profile (for `ttft`) and the simulated clock (for policies that keep time)."""
+profile and the instances' KV capacity (for `ttft`), and the simulated clock (for policies
+that keep time)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def run_policy(
     if policy == "ttft":
         params.setdefault("params", cost_params(get_profile(config.profile)))
         params.setdefault("clock", clock)
+        # what a deployment reads from its engines' cache_config_info: HBM KV per instance
+        params.setdefault("kv_capacity_tokens", config.l1_tokens)
     registry = default_registry()
     built = registry.create(policy, **params)
     sim = ClusterSimulator(config, built, clock)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from gateway.kv_capacity import parse_kv_capacity
 from tests.e2e.fleet import MODEL, Fleet, wait_until
 
 LIMIT = 64 * 1024
@@ -222,6 +223,15 @@ def test_admin_views(fleet: Fleet, client: httpx.Client) -> None:
     assert {i["id"] for i in instances} == {e.id for e in fleet.engines}
     assert all(i["health"]["state"] == "healthy" and i["health"]["reason"] for i in instances)
     assert sum(i["cached_tokens_believed"] for i in instances) > 0
+    # each engine's HBM KV capacity, as its vllm:cache_config_info says, reached the policy
+    expected = {e.id: parse_kv_capacity(httpx.get(f"{e.url}/metrics").text) for e in fleet.engines}
+    assert all(expected.values())
+
+    def capacities() -> object:
+        policy = client.get("/admin/stats").json()["router"]["policy_stats"]
+        return policy["kv_capacity_tokens"] == expected
+
+    wait_until(capacities, what="kv capacities discovered")
 
 
 def test_route_explain_is_a_dry_run(fleet: Fleet, client: httpx.Client) -> None:

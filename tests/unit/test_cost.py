@@ -115,6 +115,9 @@ def test_reuse_price_rises_over_budget_and_falls_back() -> None:
 def test_rate_meter_measures_arrivals_per_second() -> None:
     meter = RateMeter(window_s=10.0)
     assert meter.rate(0.0) == 0.0
+    meter.tick(0.0)
+    assert meter.rate(0.0) == 0.0  # one arrival is no rate yet
+    meter = RateMeter(window_s=10.0)
     t = 0.0
     for _ in range(400):  # 4 per second for 100 s
         meter.tick(t)

@@ -157,3 +157,15 @@ def test_every_registered_policy_routes() -> None:
         assert d.instance in {"a", "b", "c"}
         assert set(d.fallbacks) == {"a", "b", "c"} - {d.instance}
         assert d.policy == name
+
+
+def test_dispatch_tells_the_policy_what_the_request_computes_where() -> None:
+    policy = default_registry().create("ttft", clock=lambda: 1.0)
+    index = PrefixIndex()
+    router = Router(policy, index, LoadView(), clock=lambda: 1.0)
+    r = chat_request("z" * 3000, session="player-7")
+    index.insert("a", r.block_hashes[:10], Tier.L1)
+    d = router.route(r, ["a", "b"])
+    router.on_dispatch(r, d, "b")  # a fallback: nothing cached on b
+    footprints = policy.footprints  # type: ignore[attr-defined]
+    assert footprints.footprint("player-7") == ("b", r.prompt_tokens)

@@ -153,3 +153,46 @@ def test_a_saturated_fleet_keeps_the_cache() -> None:
     assert "saturated" in d.reason
     scores = {c.instance: c for c in d.candidates}
     assert scores["a"].predicted_ttft_s < scores["b"].predicted_ttft_s  # type: ignore[operator]
+
+
+def _fill(policy: TtftPolicy, instance: str, tokens: int, session: str = "resident") -> None:
+    policy.on_dispatch(_req(blocks=1, session=session), instance, tokens)
+
+
+def test_a_new_session_avoids_an_instance_whose_hbm_its_sessions_fill() -> None:
+    # a holds the shared 20-block prefix (cheaper to start there) but its active sessions
+    # already fill its 10k tokens of KV: starting there evicts KV someone will come back to
+    views = [_view("a", l1=20), _view("b")]
+    new_session = _req(blocks=47, session="player-new")
+    blind = _policy()
+    _fill(blind, "a", 10_000)
+    assert blind.choose(new_session, views).instance == "a"
+    aware = _policy(kv_capacity_tokens=10_000)
+    _fill(aware, "a", 10_000)
+    assert aware.choose(new_session, views).instance == "b"
+    stats = aware.stats()
+    assert stats["active_sessions"] == 1
+    assert stats["working_set_tokens"] == {"a": 10_000, "b": 0}
+
+
+def test_capacity_is_free_while_the_working_set_fits() -> None:
+    views = [_view("a", l1=20), _view("b")]
+    policy = _policy(kv_capacity_tokens=100_000)
+    _fill(policy, "a", 10_000)
+    assert policy.choose(_req(blocks=47, session="p"), views).instance == "a"
+
+
+def test_per_instance_capacity_overrides_the_default() -> None:
+    views = [_view("a", l1=20), _view("b")]
+    policy = _policy(kv_capacity_tokens=100_000)
+    policy.set_kv_capacity("a", 10_000)  # a smaller GPU
+    _fill(policy, "a", 10_000)
+    assert policy.choose(_req(blocks=47, session="p"), views).instance == "b"
+
+
+def test_a_follow_up_stays_with_its_kv_on_a_full_instance() -> None:
+    # the session's own KV is on a: staying computes a few tokens, moving recomputes all
+    policy = _policy(kv_capacity_tokens=20_000)
+    _fill(policy, "a", 19_000, session="p")
+    views = [_view("a", l1=290), _view("b")]
+    assert policy.choose(_req(blocks=300, session="p"), views).instance == "a"
