@@ -7,7 +7,9 @@ response streamed back) in one write and one parser callback per read. Other ups
 (health checks, tierd hints, /tokenize) keep httpx.
 
 - Connections are kept per (host, port), reused last-in first-out; one that saw EOF, an
-  error, `Connection: close`, or a response not read to its end is closed, not reused.
+  error, `Connection: close`, or a response not read to its end is closed, not reused. A
+  reused connection that the engine closes before any byte of a response is retried once
+  on a fresh connection (the engine closed it idle, as the request went out).
 - Limits and timeouts mirror httpx's: at most `max_connections` open (waiting for one is
   bounded by `pool_s`), at most `max_keepalive` idle; `connect_s` to connect, `read_s` for
   each wait on the engine's bytes, `write_s` for a body the socket could not take at once.
@@ -330,23 +332,40 @@ class H1Pool:
                 raise ValueError(f"header {name!r} holds a line break")
             lines += [name.encode("latin-1"), b": ", encoded, b"\r\n"]
         lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n"]
-        conn = await self._acquire(target)
+        head = b"".join(lines)
+        conn, reused = await self._acquire(target)
         try:
-            await conn.send(b"".join(lines), body, self.timeouts)
+            await conn.send(head, body, self.timeouts)
+        except UpstreamConnectError:
+            conn.reusable = False
+            self.release(conn)
+            if not reused:
+                raise
+            # An idle keep-alive connection the engine closed as we sent (uvicorn closes
+            # idle ones after 5 s): it never saw the request, so one fresh connection
+            # retries it rather than failing the instance over.
+            conn, _ = await self._acquire(target, fresh=True)
+            try:
+                await conn.send(head, body, self.timeouts)
+            except BaseException:
+                conn.reusable = False
+                self.release(conn)
+                raise
         except BaseException:
             conn.reusable = False
             self.release(conn)
             raise
         return UpstreamResponse(self, conn)
 
-    async def _acquire(self, target: Target) -> _Connection:
+    async def _acquire(self, target: Target, *, fresh: bool = False) -> tuple[_Connection, bool]:
+        """A connection to `target` and whether it was reused from the idle list."""
         key = (target.host, target.port)
-        idle = self._idle.get(key)
+        idle = None if fresh else self._idle.get(key)
         while idle:
             conn = idle.pop()
             self._idle_count -= 1
             if not conn.closed:
-                return conn
+                return conn, True
             self._forget(conn)
         loop = asyncio.get_running_loop()
         if self._open >= self._max_connections:
@@ -362,7 +381,7 @@ class H1Pool:
             finally:
                 if not slot.done():
                     self._slot_waiters.remove(slot)
-            return await self._acquire(target)  # an idle one may be free now
+            return await self._acquire(target, fresh=fresh)  # an idle one may be free now
         self._open += 1
         try:
             async with asyncio.timeout(self.timeouts.connect_s):
@@ -380,7 +399,7 @@ class H1Pool:
         except BaseException:
             self._forget(None)
             raise
-        return conn
+        return conn, False
 
     def release(self, conn: _Connection) -> None:
         """Back to the idle list when it can serve another request, else closed."""

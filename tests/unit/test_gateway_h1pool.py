@@ -131,6 +131,30 @@ async def test_a_response_closed_unread_is_not_reused(serve: Serve) -> None:
     await pool.aclose()
 
 
+async def test_a_kept_alive_connection_closed_by_the_engine_is_retried_fresh(
+    serve: Serve,
+) -> None:
+    server: Server
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # answers one request per connection, then drops the next unanswered (an engine
+        # closing an idle keep-alive connection just as a request goes out)
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+
+    server = await serve(handler)
+    pool = H1Pool(FAST, max_connections=1, max_keepalive=1)
+    for _ in range(3):
+        r = await pool.post(target(server), {}, b"x")
+        assert (r.status_code, await r.aread()) == (200, b"ok")
+        await r.aclose()
+    assert server.connections == 3
+    assert len(server.requests) == 3  # each answered once; the dropped sends never counted
+    await pool.aclose()
+
+
 async def test_a_large_body_streams_through_with_back_pressure(serve: Serve) -> None:
     server: Server
     size = 4 * 1024 * 1024
