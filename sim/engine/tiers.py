@@ -19,7 +19,8 @@ slices this engine stores. Block j of that chain covers the prompt tokens
   The loaded tokens then count as cached (engine blocks, the last prompt token excluded).
 - After prefill: every chain block fully inside the prompt that tierd did not hold is
   stored (`put_slice`: `payload_bytes_per_token` bytes a token, tokens and parent given so
-  tierd can charge and index the real size), in the background, a few at a time.
+  tierd can charge and index the real size), in the background, a few at a time, in slots
+  of their own (fetches never wait behind stores).
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ class TierBackend:
         self.tierd_emulates = False
         self.probed = False  # tierd's emulation settings are known
         self.counters = TierCounters()
-        self._sem = asyncio.Semaphore(max_concurrency)
+        # fetches are on a request's path to its first token, stores are background work:
+        # each has its own slots, so a burst of stores never queues a fetch behind it
+        self._fetch_slots = asyncio.Semaphore(max_concurrency)
+        self._store_slots = asyncio.Semaphore(max_concurrency)
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -199,7 +203,7 @@ class TierBackend:
             await asyncio.sleep(plan.load_seconds * self.time_scale)
 
     async def _get(self, h: int) -> bool:
-        async with self._sem:
+        async with self._fetch_slots:
             try:
                 data = await self.client.get_slice(h)
             except (httpx.HTTPError, TierdError) as exc:
@@ -229,7 +233,7 @@ class TierBackend:
             tokens = plan.block_end(j) - int(j * plan.tokens_per_block)
             parent = plan.chain[j - 1] if j > 0 else None
             data = payload_for(h, max(tokens, 1) * self.payload_bytes_per_token)
-            async with self._sem:
+            async with self._store_slots:
                 try:
                     await self.client.put_slice(h, data, parent, tokens, plan.session)
                 except (httpx.HTTPError, TierdError) as exc:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from router.blocks import chain_seed, hash_blocks
 from sim.engine.tiers import TierBackend, TierPlan, payload_for
 from sim.profiles import get_profile
+from tests.support.procs import free_port
 
 PROFILE = get_profile("qwen2.5-32b-h200")
 
@@ -62,3 +65,59 @@ async def test_unreachable_tierd_loads_nothing() -> None:
         assert backend.counters.fetch_failures == 1
     finally:
         await backend.close()
+
+
+async def test_a_fetch_does_not_wait_behind_background_stores() -> None:
+    """A loopback tierd stand-in holds every store until a fetch has reached it: with one
+    slot shared by both, the fetch would queue behind the stores and neither would end."""
+    fetched = asyncio.Event()
+    storing = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if head.startswith(b"PUT "):
+                    storing.set()
+                    await fetched.wait()
+                    body = b'{"stored": true}'
+                    ctype = b"application/json"
+                else:
+                    fetched.set()
+                    body = payload_for(7, 64)
+                    ctype = b"application/octet-stream"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (ctype, len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    backend = TierBackend(
+        f"http://127.0.0.1:{port}",
+        PROFILE,
+        "m",
+        time_scale=1.0,
+        block_tokens=16,
+        max_concurrency=1,
+    )
+    try:
+        plan = TierPlan(chain=[1, 2, 3, 4], tokens_per_block=64.0, prompt_tokens=256)
+        backend.store_in_background(plan)
+        await asyncio.wait_for(storing.wait(), timeout=10.0)  # a store holds the only slot
+        assert await asyncio.wait_for(backend._get(7), timeout=10.0)
+        await asyncio.wait_for(asyncio.gather(*backend._background), timeout=10.0)
+        assert backend.counters.stored_slices == 4
+    finally:
+        await backend.close()
+        server.close()
