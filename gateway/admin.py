@@ -6,8 +6,10 @@
   tokens, TTFT p50/p99 over the sliding window) plus the router's own counters;
 - `GET /admin/sessions/{key}`: where a player's KV is believed to be, by tier, and why;
 - `POST /admin/route/explain`: a dry run of routing on a completion request body: every
-  candidate's view (cached tokens by tier, load, predicted TTFT and its parts), the choice,
-  the reason and the fallbacks; nothing is sent and no state changes.
+  candidate's view (cached tokens by tier, load, predicted TTFT and its parts, and the
+  policy's score term by term), the choice, the reason and the fallbacks. Nothing is sent
+  and the load view, index and sessions do not change; the `ttft` policy does count it in
+  its arrival rate and reuse accounting, as it counts every decision.
 """
 
 from __future__ import annotations

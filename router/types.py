@@ -46,6 +46,8 @@ class CandidateScore:
     in_flight: int
     predicted_ttft_s: float | None = None
     parts: dict[str, float] = field(default_factory=dict)  # e.g. queue_wait_s, load_s, prefill_s
+    # what the policy minimised, term by term (lower wins), when it scores more than TTFT
+    score_terms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

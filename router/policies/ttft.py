@@ -73,6 +73,9 @@ class _Scored:
     pred: Prediction
     cached: int
     score: float = 0.0
+    imposed_s: float = 0.0
+    reuse_s: float = 0.0
+    pushed_out_s: float = 0.0
 
 
 class TtftPolicy:
@@ -172,12 +175,12 @@ class TtftPolicy:
         self.footprints.expire(now)
         for s in scored:
             arrivals = rate * (s.view.in_flight + 1) / share_base
-            s.score = (
-                s.pred.ttft_s
-                + s.pred.imposed_delay_s(arrivals)
-                + reuse_s * max(0, most - s.cached)
-                + per_token_s * self._pushed_out(s.view.id, request.prompt_tokens - s.cached)
+            s.imposed_s = s.pred.imposed_delay_s(arrivals)
+            s.reuse_s = reuse_s * max(0, most - s.cached)
+            s.pushed_out_s = per_token_s * self._pushed_out(
+                s.view.id, request.prompt_tokens - s.cached
             )
+            s.score = s.pred.ttft_s + s.imposed_s + s.reuse_s + s.pushed_out_s
         return scored
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
@@ -238,6 +241,13 @@ class TtftPolicy:
                     in_flight=s.view.in_flight,
                     predicted_ttft_s=s.pred.ttft_s,
                     parts=s.pred.parts(),
+                    score_terms={
+                        "predicted_ttft_s": s.pred.ttft_s,
+                        "imposed_delay_s": s.imposed_s,
+                        "reuse_price_s": s.reuse_s,
+                        "kv_pushed_out_s": s.pushed_out_s,
+                        "score": s.score,
+                    },
                 )
                 for s in scored
             ),

@@ -248,8 +248,13 @@ def test_route_explain_is_a_dry_run(fleet: Fleet, client: httpx.Client) -> None:
         assert {"queue_wait_s", "load_s", "prefill_s"} <= set(parts)
         assert c["predicted_ttft_s"] == pytest.approx(sum(parts.values()))
         assert c["predicted_ttft_s"] > 0
+        terms = c["score_terms"]  # what the policy minimised, term by term
+        assert terms["predicted_ttft_s"] == c["predicted_ttft_s"]
+        assert terms["score"] == pytest.approx(sum(v for k, v in terms.items() if k != "score"))
     chosen = next(c for c in out["candidates"] if c["instance"] == out["decision"]["instance"])
     assert out["decision"]["predicted_ttft_s"] == chosen["predicted_ttft_s"]
+    lowest = min(c["score_terms"]["score"] for c in out["candidates"])
+    assert chosen["score_terms"]["score"] <= lowest + max(0.01, 0.05 * lowest)  # or a near-tie
     assert out["request"]["blocks"] > 0
     assert client.get("/admin/stats").json()["router"]["routed"] == before
     assert_openai_error(client.post("/admin/route/explain", json={"model": MODEL}), 400, "messages")

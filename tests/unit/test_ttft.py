@@ -4,6 +4,8 @@ affinity, weighs tier loads by bandwidth, explains itself and learns from outcom
 
 from __future__ import annotations
 
+import pytest
+
 from router.policies.base import InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
@@ -169,7 +171,13 @@ def test_a_new_session_avoids_an_instance_whose_hbm_its_sessions_fill() -> None:
     assert blind.choose(new_session, views).instance == "a"
     aware = _policy(kv_capacity_tokens=10_000)
     _fill(aware, "a", 10_000)
-    assert aware.choose(new_session, views).instance == "b"
+    decision = aware.choose(new_session, views)
+    assert decision.instance == "b"
+    terms = {c.instance: c.score_terms for c in decision.candidates}
+    # starting on a computes 47 - 20 blocks there, all of it pushed out of a full HBM
+    assert terms["a"]["kv_pushed_out_s"] == pytest.approx(27 * BT * 74e-6)
+    assert terms["b"]["kv_pushed_out_s"] == 0.0
+    assert terms["b"]["score"] < terms["a"]["score"]
     stats = aware.stats()
     assert stats["active_sessions"] == 1
     assert stats["working_set_tokens"] == {"a": 10_000, "b": 0}
