@@ -68,9 +68,10 @@ async def run_claims(
     budget_s: float | None = None,
 ) -> dict[str, Any]:
     """The `claims` section of results.json."""
+    subset = sorted(items, key=lambda it: it.at_s)[:requests]
     out: dict[str, Any] = {
         "method": (
-            f"warmgate (ttft), the workload's first {requests} requests closed loop at "
+            f"warmgate (ttft), the workload's first {len(subset)} requests closed loop at "
             f"{'/'.join(str(c) for c in levels)} concurrent requests per instance; 'tiers' = "
             "engines with tierd and one shared array, 'no array' = engines alone (HBM prefix "
             f"cache only), HBM KV capacity {spec.kv_capacity_tokens or 'of the profile'} tokens "
@@ -83,7 +84,6 @@ async def run_claims(
     if not tierd_available():
         out["skipped"] = "tierd is not installed (tierd.serve missing): no tiers to compare"
         return out
-    subset = sorted(items, key=lambda it: it.at_s)[:requests]
     for level in levels:
         conc = level * spec.instances
         tiers = await _closed_loop(
