@@ -74,10 +74,12 @@ async def test_compression_and_concurrency_cap(engine: str) -> None:
 
 
 async def test_a_session_waits_for_its_previous_answer(engine: str) -> None:
+    # the later lines are due 1 ms after the first: well before its answer (tens of decode
+    # steps, ~10 ms here), so only waiting for that answer can delay them
     items = [
         _item(0.0, "first line of a long talk", max_tokens=160, session="p1"),
-        _item(0.01, "second line", max_tokens=3, session="p1"),
-        _item(0.01, "someone else", max_tokens=3, session="p2"),
+        _item(0.001, "second line", max_tokens=3, session="p1"),
+        _item(0.001, "someone else", max_tokens=3, session="p2"),
     ]
     for closed in (False, True):
         first, second, other = await replay(
