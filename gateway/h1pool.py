@@ -334,28 +334,19 @@ class H1Pool:
         lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n"]
         head = b"".join(lines)
         conn, reused = await self._acquire(target)
-        try:
-            await conn.send(head, body, self.timeouts)
-        except UpstreamConnectError:
-            conn.reusable = False
-            self.release(conn)
-            if not reused:
-                raise
-            # An idle keep-alive connection the engine closed as we sent (uvicorn closes
-            # idle ones after 5 s): it never saw the request, so one fresh connection
-            # retries it rather than failing the instance over.
-            conn, _ = await self._acquire(target, fresh=True)
+        while True:
             try:
                 await conn.send(head, body, self.timeouts)
-            except BaseException:
+                return UpstreamResponse(self, conn)
+            except BaseException as exc:
                 conn.reusable = False
                 self.release(conn)
-                raise
-        except BaseException:
-            conn.reusable = False
-            self.release(conn)
-            raise
-        return UpstreamResponse(self, conn)
+                # An idle keep-alive connection the engine closed as we sent (uvicorn closes
+                # idle ones after 5 s) never saw the request: one fresh connection retries
+                # it rather than failing the instance over.
+                if not (reused and isinstance(exc, UpstreamConnectError)):
+                    raise
+            conn, reused = await self._acquire(target, fresh=True)
 
     async def _acquire(self, target: Target, *, fresh: bool = False) -> tuple[_Connection, bool]:
         """A connection to `target` and whether it was reused from the idle list."""

@@ -51,7 +51,8 @@ def run_policy(
     sim = ClusterSimulator(config, built, clock)
     record = sim.run(trace)
     summary = summarise(policy, record)
-    stats = getattr(built, "stats", None)
-    if callable(stats):  # policies that explain their own state (ttft: calibration, prices)
-        summary["policy_stats"] = stats()
+    # policies that explain their own state (ttft: calibration, prices) do so in the router's
+    policy_stats = record.router_stats.get("policy_stats")
+    if policy_stats is not None:
+        summary["policy_stats"] = policy_stats
     return summary

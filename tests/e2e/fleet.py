@@ -3,6 +3,9 @@ and the gateway (`python -m gateway.serve` on a YAML config), each its own proce
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +147,27 @@ def wait_until(check: Any, timeout_s: float = 30.0, what: str = "condition") -> 
             return last
         time.sleep(0.05)
     raise AssertionError(f"{what} never became true (last: {last!r})")
+
+
+@contextmanager
+def fleet_behind_script(
+    tmp: Path, script: str, instance_id: str, ready_path: str
+) -> Iterator[Fleet]:
+    """A gateway whose only instance is `script` (a Python HTTP server taking its port as
+    argument), started and ready at `ready_path`; both stopped on exit."""
+    path = tmp / f"{instance_id}_upstream.py"
+    path.write_text(script)
+    port = free_port()
+    upstream = ManagedProcess([sys.executable, str(path), str(port)], tmp / "upstream.log")
+    try:
+        upstream.wait_http(f"http://127.0.0.1:{port}{ready_path}")
+        fleet = Fleet(
+            tmp, 0, extra_instances=[{"id": instance_id, "url": f"http://127.0.0.1:{port}"}]
+        )
+        try:
+            fleet.start()
+            yield fleet
+        finally:
+            fleet.stop()
+    finally:
+        upstream.stop()

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.e2e.fleet import Fleet
-from tests.support.procs import ManagedProcess, free_port
+from tests.e2e.fleet import Fleet, fleet_behind_script
 
 MODEL = "echo-model"
 
@@ -67,19 +65,10 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("gw-passthrough")
-    script = tmp / "echo_upstream.py"
-    script.write_text(UPSTREAM)
-    port = free_port()
-    upstream = ManagedProcess([sys.executable, str(script), str(port)], tmp / "upstream.log")
-    upstream.wait_http(f"http://127.0.0.1:{port}/v1/models")
-    f = Fleet(tmp, 0, extra_instances=[{"id": "echo", "url": f"http://127.0.0.1:{port}"}])
-    try:
-        f.start()
+    with fleet_behind_script(
+        tmp_path_factory.mktemp("gw-passthrough"), UPSTREAM, "echo", "/v1/models"
+    ) as f:
         yield f
-    finally:
-        f.stop()
-        upstream.stop()
 
 
 def echoed(r: httpx.Response) -> bytes:

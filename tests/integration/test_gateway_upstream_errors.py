@@ -6,15 +6,13 @@ server on loopback: an OpenAI-shaped 503 passed through with its retry headers, 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.fleet import Fleet
-from tests.support.procs import ManagedProcess, free_port
+from tests.e2e.fleet import Fleet, fleet_behind_script
 
 MODEL = "broken-model"
 
@@ -80,19 +78,10 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("gw-upstream")
-    script = tmp / "broken_upstream.py"
-    script.write_text(UPSTREAM)
-    port = free_port()
-    upstream = ManagedProcess([sys.executable, str(script), str(port)], tmp / "upstream.log")
-    upstream.wait_http(f"http://127.0.0.1:{port}/health")
-    f = Fleet(tmp, 0, extra_instances=[{"id": "broken", "url": f"http://127.0.0.1:{port}"}])
-    try:
-        f.start()
+    with fleet_behind_script(
+        tmp_path_factory.mktemp("gw-upstream"), UPSTREAM, "broken", "/health"
+    ) as f:
         yield f
-    finally:
-        f.stop()
-        upstream.stop()
 
 
 def chat(mode: str, stream: bool = False) -> dict[str, object]:
