@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from router.types import Tier
 
@@ -55,9 +56,9 @@ class CostParams:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """One instance's predicted TTFT and its parts, in seconds."""
+class Prediction(NamedTuple):
+    """One instance's predicted TTFT and its parts, in seconds. (A named tuple: one is made
+    per candidate per decision, and a tuple is the cheapest immutable record to build.)"""
 
     ttft_s: float
     queue_wait_s: float
@@ -174,11 +175,12 @@ _L1 = Tier.L1.label
 
 
 class _InstanceModel:
-    __slots__ = ("ctx_mean", "fits", "s_xx", "s_xy", "samples", "uncached_frac")
+    __slots__ = ("ctx_mean", "fits", "k", "s_xx", "s_xy", "samples", "uncached_frac")
 
     def __init__(self, prior_x: float, prior_weight: float) -> None:
         self.s_xx = prior_weight * prior_x * prior_x
         self.s_xy = self.s_xx  # k = 1
+        self.k = 1.0  # s_xy / s_xx within the bounds, kept current by `observe`
         self.fits = 0  # (prediction, observed TTFT) pairs learnt from
         self.uncached_frac = 1.0
         self.ctx_mean = 0.0
@@ -206,6 +208,7 @@ class TtftCostModel:
         self.prior_compute_s = prior_compute_s
         self.stats_alpha = stats_alpha
         self.k_bounds = k_bounds
+        self._batch_tokens = max(1, self.params.max_batch_tokens)
         self._bandwidths: dict[str, dict[str, float]] = {}
         self._models: dict[str, _InstanceModel] = {}
         # An instance not yet observed borrows the fleet's mean speed factor: the fleet's
@@ -237,10 +240,9 @@ class TtftCostModel:
     def speed_factor(self, instance: str) -> float:
         """k: observed TTFT per predicted second of compute on `instance` (1 = the profile)."""
         m = self._models.get(instance)
-        if m is None or m.fits == 0 or m.s_xx <= 0.0:
+        if m is None or m.fits == 0:
             return self._pooled_k
-        lo, hi = self.k_bounds
-        return min(hi, max(lo, m.s_xy / m.s_xx))
+        return m.k
 
     # -- the model ----------------------------------------------------------------------
 
@@ -269,50 +271,54 @@ class TtftCostModel:
         queued_prefill_tokens: int,
     ) -> Prediction:
         # Runs once per candidate per decision: the helpers above are inlined (same formulas)
-        # because this is the hot loop of the default policy (`warmgate bench router`).
+        # and builtins avoided because this is the hot loop of the default policy
+        # (`warmgate bench router`).
         p = self.params
         m = self._models.get(instance)
         if m is None:
             m = self._model(instance)
-        if m.fits and m.s_xx > 0.0:
-            lo, hi = self.k_bounds
-            k = min(hi, max(lo, m.s_xy / m.s_xx))
-        else:
-            k = self._pooled_k
-        cached = min(prompt_tokens, sum(cached_tokens_by_tier.values()))
-        uncached = max(1, prompt_tokens - cached)
-        queued = float(queued_prefill_tokens)
+        k = m.k if m.fits else self._pooled_k
+        cached = 0
+        load = 0.0
+        for label, tokens in cached_tokens_by_tier.items():
+            cached += tokens
+            if tokens > 0 and label != _L1:
+                load += tokens * p.kv_bytes_per_token / self.bandwidth(instance, label)
+        if cached > prompt_tokens:
+            cached = prompt_tokens
+        elif cached < 0:
+            cached = 0
+        uncached = prompt_tokens - cached
+        if uncached < 1:
+            uncached = 1
+        queued = queued_prefill_tokens
         # seconds per uncached token of queued work, at this instance's typical context
-        per_tok = p.prefill_per_token_s + p.prefill_attention_s * m.ctx_mean
-        queue_c = queued * per_tok
-        u, c = float(uncached), float(max(0, cached))
+        queue_c = queued * (p.prefill_per_token_s + p.prefill_attention_s * m.ctx_mean)
+        u = float(uncached)
         prefill_c = (
             p.prefill_overhead_s
             + p.prefill_per_token_s * u
-            + p.prefill_attention_s * u * (c + u / 2.0)
+            + p.prefill_attention_s * u * (cached + u / 2.0)
         )
-        ctx = m.ctx_mean if m.samples else float(prompt_tokens)
-        steps = math.ceil((queued + uncached) / max(1, p.max_batch_tokens))
-        step_s = (
-            p.step_base_s + p.step_per_seq_s * in_flight + p.step_per_kv_token_s * in_flight * ctx
-            if in_flight > 0
-            else 0.0
-        )
-        interference = steps * step_s
-        load = 0.0
-        for label, tokens in cached_tokens_by_tier.items():
-            if tokens > 0 and label != _L1:
-                load += tokens * p.kv_bytes_per_token / self.bandwidth(instance, label)
+        if in_flight > 0:
+            ctx = m.ctx_mean if m.samples else float(prompt_tokens)
+            steps = -(-(queued + uncached) // self._batch_tokens)  # ceil
+            step_s = (
+                p.step_base_s
+                + p.step_per_seq_s * in_flight
+                + p.step_per_kv_token_s * in_flight * ctx
+            )
+            prefill_c += steps * step_s  # decode interference: chunked prefill shares steps
         queue_s = k * queue_c
-        prefill_s = k * (prefill_c + interference)
-        visible_load = max(0.0, load - queue_s)
+        prefill_s = k * prefill_c
+        visible_load = load - queue_s if load > queue_s else 0.0
         return Prediction(
-            ttft_s=queue_s + visible_load + prefill_s,
-            queue_wait_s=queue_s,
-            load_s=visible_load,
-            prefill_s=prefill_s,
-            compute_s=queue_c + prefill_c + interference,
-            work_s=k * (prefill_c + interference),
+            queue_s + visible_load + prefill_s,
+            queue_s,
+            visible_load,
+            prefill_s,
+            queue_c + prefill_c,
+            prefill_s,
         )
 
     # -- calibration --------------------------------------------------------------------
@@ -346,6 +352,8 @@ class TtftCostModel:
         m.s_xx = lam * m.s_xx + x * x
         m.s_xy = lam * m.s_xy + x * y
         m.fits += 1
+        lo, hi = self.k_bounds
+        m.k = min(hi, max(lo, m.s_xy / m.s_xx)) if m.s_xx > 0.0 else self._pooled_k
         fitted = [self.speed_factor(name) for name, o in self._models.items() if o.fits]
         self._pooled_k = sum(fitted) / len(fitted)
 

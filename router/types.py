@@ -4,9 +4,10 @@ build them the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import overload
 
 
 class Tier(IntEnum):
@@ -50,6 +51,46 @@ class CandidateScore:
     score_terms: dict[str, float] = field(default_factory=dict)
 
 
+class LazyCandidates(Sequence[CandidateScore]):
+    """A decision's candidate explanations, built on first read. Only explain, failover and
+    replica redirects read them, so the hot path of routing never builds them."""
+
+    __slots__ = ("_build", "_items")
+
+    def __init__(self, build: Callable[[], tuple[CandidateScore, ...]]) -> None:
+        self._build: Callable[[], tuple[CandidateScore, ...]] | None = build
+        self._items: tuple[CandidateScore, ...] = ()
+
+    def _all(self) -> tuple[CandidateScore, ...]:
+        if self._build is not None:
+            self._items = self._build()
+            self._build = None  # drops what the builder held
+        return self._items
+
+    @overload
+    def __getitem__(self, i: int) -> CandidateScore: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[CandidateScore, ...]: ...
+    def __getitem__(self, i: int | slice) -> CandidateScore | tuple[CandidateScore, ...]:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[CandidateScore]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyCandidates):
+            other = other._all()
+        return self._all() == other if isinstance(other, tuple) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What a policy chose and why. `fallbacks` are the next instances to try, in order."""
@@ -61,7 +102,7 @@ class Decision:
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     predicted_ttft_s: float | None = None
     fallbacks: tuple[str, ...] = ()
-    candidates: tuple[CandidateScore, ...] = ()
+    candidates: Sequence[CandidateScore] = ()  # a tuple, or `LazyCandidates`
 
 
 class NoCandidateError(Exception):

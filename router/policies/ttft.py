@@ -61,7 +61,13 @@ from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCost
 from router.footprints import SessionFootprints
 from router.policies.base import InstanceView, Outcome
 from router.policies.scoring import cached_tokens_by_tier
-from router.types import CandidateScore, Decision, RouteRequest, ordered_fallbacks
+from router.types import (
+    CandidateScore,
+    Decision,
+    LazyCandidates,
+    RouteRequest,
+    ordered_fallbacks,
+)
 
 _Key = tuple[str, int, int]
 
@@ -76,6 +82,35 @@ class _Scored:
     imposed_s: float = 0.0
     reuse_s: float = 0.0
     pushed_out_s: float = 0.0
+
+
+def _tie_key(session: str | None) -> Callable[[_Scored], tuple[int, int, int]]:
+    """Near-ties: the instance holding more of the prompt, then the one the session key ranks
+    highest by rendezvous hashing, then the less loaded."""
+
+    def key(s: _Scored) -> tuple[int, int, int]:
+        v = s.view
+        affinity = xxhash.xxh3_64_intdigest(f"{session}\x00{v.id}".encode()) if session else 0
+        return (-v.matched_total(), -affinity, v.in_flight)
+
+    return key
+
+
+def _explain(s: _Scored) -> CandidateScore:
+    return CandidateScore(
+        instance=s.view.id,
+        cached_tokens_by_tier=s.tiers,
+        in_flight=s.view.in_flight,
+        predicted_ttft_s=s.pred.ttft_s,
+        parts=s.pred.parts(),
+        score_terms={
+            "predicted_ttft_s": s.pred.ttft_s,
+            "imposed_delay_s": s.imposed_s,
+            "reuse_price_s": s.reuse_s,
+            "kv_pushed_out_s": s.pushed_out_s,
+            "score": s.score,
+        },
+    )
 
 
 class TtftPolicy:
@@ -143,43 +178,45 @@ class TtftPolicy:
         if request.session_key:
             self.footprints.record(request.session_key, instance, computed_tokens, self._clock())
 
-    def _cap(self, candidates: Sequence[InstanceView]) -> int:
-        total = sum(v.in_flight for v in candidates)
-        fair = math.ceil((total + 1) / len(candidates))
+    def _cap(self, total_in_flight: int, candidates: int) -> int:
+        fair = -(-(total_in_flight + 1) // candidates)  # ceil
         return max(self.load_cap_min, math.ceil(self.load_cap * fair))
 
     def _score_all(
-        self, request: RouteRequest, candidates: Sequence[InstanceView]
+        self, request: RouteRequest, candidates: Sequence[InstanceView], cap: int
     ) -> list[_Scored]:
+        # the hot loop of the default policy: attribute lookups hoisted, builtins avoided
+        predict = self.model.predict
+        prompt = request.prompt_tokens
         scored: list[_Scored] = []
+        most = 0  # the most any instance under the load cap has cached
+        in_flight_total = 0
         for v in candidates:
-            tiers = cached_tokens_by_tier(request, v.matched_blocks)
-            pred = self.model.predict(
+            tiers = cached_tokens_by_tier(request, v.matched_blocks) if v.matched_blocks else {}
+            pred = predict(
                 v.id,
-                prompt_tokens=request.prompt_tokens,
+                prompt_tokens=prompt,
                 cached_tokens_by_tier=tiers,
                 in_flight=v.in_flight,
                 queued_prefill_tokens=v.queued_prefill_tokens,
             )
-            scored.append(_Scored(v, tiers, pred, sum(tiers.values())))
+            cached = sum(tiers.values()) if tiers else 0
+            if cached > most and v.in_flight < cap:
+                most = cached
+            in_flight_total += v.in_flight
+            scored.append(_Scored(v, tiers, pred, cached))
         now = self._clock()
         self._arrivals.tick(now)
         # later arrivals per second at each instance: the fleet's rate, shared in proportion
         # to the requests each serves (their follow-ups come back to it)
-        rate = self._arrivals.rate(now)
-        share_base = sum(v.in_flight for v in candidates) + len(candidates)
-        cap = self._cap(candidates)
-        most = max((s.cached for s in scored if s.view.in_flight < cap), default=0)
+        per_request = self._arrivals.rate(now) / (in_flight_total + len(candidates))
         per_token_s = self.model.params.prefill_per_token_s
         reuse_s = self.reuse.price * per_token_s
         self.footprints.expire(now)
         for s in scored:
-            arrivals = rate * (s.view.in_flight + 1) / share_base
-            s.imposed_s = s.pred.imposed_delay_s(arrivals)
-            s.reuse_s = reuse_s * max(0, most - s.cached)
-            s.pushed_out_s = per_token_s * self._pushed_out(
-                s.view.id, request.prompt_tokens - s.cached
-            )
+            s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))
+            s.reuse_s = reuse_s * (most - s.cached) if most > s.cached else 0.0
+            s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
             s.score = s.pred.ttft_s + s.imposed_s + s.reuse_s + s.pushed_out_s
         return scored
 
@@ -193,8 +230,8 @@ class TtftPolicy:
         return max(0, working + max(0, computed_tokens) - capacity) - max(0, working - capacity)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
-        scored = self._score_all(request, candidates)
-        cap = self._cap(candidates)
+        cap = self._cap(sum(v.in_flight for v in candidates), len(candidates))
+        scored = self._score_all(request, candidates, cap)
         allowed = [s for s in scored if s.view.in_flight < cap] or scored
         capped = len(scored) - len(allowed)
         saturated = False
@@ -208,14 +245,7 @@ class TtftPolicy:
             allowed = [s for s in allowed if self.reuse.permits(most - s.cached)]
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
-        session = request.session_key
-
-        def tie_key(s: _Scored) -> tuple[int, int, int]:
-            v = s.view
-            affinity = xxhash.xxh3_64_intdigest(f"{session}\x00{v.id}".encode()) if session else 0
-            return (-v.matched_total(), -affinity, v.in_flight)
-
-        chosen = min(ties, key=tie_key)
+        chosen = ties[0] if len(ties) == 1 else min(ties, key=_tie_key(request.session_key))
         self.reuse.update(most - chosen.cached, request.prompt_tokens)
         self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
@@ -234,23 +264,7 @@ class TtftPolicy:
             cached_tokens_by_tier=chosen.tiers,
             predicted_ttft_s=chosen.pred.ttft_s,
             fallbacks=ordered_fallbacks(chosen.view.id, [s.view.id for s in ranked]),
-            candidates=tuple(
-                CandidateScore(
-                    instance=s.view.id,
-                    cached_tokens_by_tier=s.tiers,
-                    in_flight=s.view.in_flight,
-                    predicted_ttft_s=s.pred.ttft_s,
-                    parts=s.pred.parts(),
-                    score_terms={
-                        "predicted_ttft_s": s.pred.ttft_s,
-                        "imposed_delay_s": s.imposed_s,
-                        "reuse_price_s": s.reuse_s,
-                        "kv_pushed_out_s": s.pushed_out_s,
-                        "score": s.score,
-                    },
-                )
-                for s in scored
-            ),
+            candidates=LazyCandidates(lambda: tuple(_explain(s) for s in scored)),
         )
 
     def _remember(self, key: _Key, pred: Prediction) -> None:
