@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 REDIS_URL ?= redis://127.0.0.1:6379
-NATIVE_SRC := $(wildcard tierd/native/*.c tierd/native/*.h tierd/native/*.cu)
+NATIVE_SRC := $(wildcard tierd/native/*.c tierd/native/*.h tierd/native/*.cu) router/_accel.c
 
 .PHONY: up test lint typecheck pytest clean
 
@@ -31,4 +31,4 @@ pytest: $(VENV)/.installed
 	REDIS_URL=$(REDIS_URL) $(VENV)/bin/pytest -q -p no:cacheprovider --durations=15
 
 clean:
-	rm -rf $(VENV) build *.egg-info tierd/native/*.so
+	rm -rf $(VENV) build *.egg-info tierd/native/*.so router/*.so

@@ -13,17 +13,22 @@ saves a copy and a conversion per block: hashing a 32k-token prompt (512 blocks)
 largest part of a routing decision.
 
 Only full blocks are hashed: a trailing partial block can never be reused by an engine.
+An ASCII prompt (the usual case: characters are bytes) is hashed in one C call,
+`router.accel.hash_blocks` (~3x faster than the Python loop; the pure-Python fallback when
+the extension is not built or `WARMGATE_NATIVE=python`); other text is cut on characters
+here.
 Precise mode (real tokens, vLLM-compatible hashes) lives in `router.precise`.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import xxhash
+
+from router import accel
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text with BPE tokenizers
 DEFAULT_BLOCK_TOKENS = 64
@@ -86,23 +91,21 @@ def render_prompt(prompt: str | Sequence[Any]) -> str:
 
 
 def hash_blocks(text: str, *, seed: int, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
-    """Chained hashes of every full `block_chars`-character block of `text`."""
+    """Chained hashes of every full `block_chars`-character block of `text`; `seed` is a
+    u64 (OverflowError otherwise)."""
     if block_chars <= 0:
         raise ValueError("block_chars must be positive")
     data = text.encode("utf-8", "surrogatepass")
+    if len(data) == len(text):  # ASCII fast path: characters are bytes
+        return accel.hash_blocks(data, seed, block_chars)
+    if not 0 <= seed < 1 << 64:  # as the fast path: xxhash alone would wrap it
+        raise OverflowError("seed must fit in an unsigned 64-bit int")
     # Cut on characters, not bytes, so a block boundary never splits a code point.
     hashes: list[int] = []
     h = seed
-    full = len(text) // block_chars
     digest = xxhash.xxh3_64_intdigest
     append = hashes.append
-    if len(data) == len(text):  # ASCII fast path: characters are bytes
-        # struct.iter_unpack cuts the blocks in C; the loop only chains and hashes
-        for (chunk,) in struct.iter_unpack(f"{block_chars}s", data[: full * block_chars]):
-            h = digest(chunk, h)
-            append(h)
-        return hashes
-    for i in range(full):
+    for i in range(len(text) // block_chars):
         h = digest(
             text[i * block_chars : (i + 1) * block_chars].encode("utf-8", "surrogatepass"), h
         )

@@ -18,13 +18,16 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
   predicted batch loses blocks from its tail first, so what remains stays a prefix (like a
   radix tree evicting leaves). Stale references in old batches are skipped by the owner
   check and compacted away when they outnumber live ones.
-- `match()` walks the chain once: one dict lookup per block (in C, via map + groupby);
-  consecutive blocks with the same packed value form a segment, and the still-matching
-  instances are a bit mask updated only when the value changes. Each instance's leading
+- `match()` walks the chain once: one dict lookup per block, up to the first block held
+  nowhere, in one C call (`router.accel.lookup_runs`; a pure-Python fallback via map +
+  groupby when the extension is not built or `WARMGATE_NATIVE=python`) that returns the runs
+  of consecutive blocks with the same packed value. Each run is a segment, and the
+  still-matching instances are a bit mask updated once per segment. Each instance's leading
   run is then the segments before its bit dropped, each counted at the best tier that
   instance can read it from (its own bits, else `Tier.ARRAY` when the shared array holds
   the block). No prefix-closure assumption is made, so a match is never longer than what
-  was inserted (a binary search would save little: the C-level scan costs ~25 ns a block).
+  was inserted (a binary search would save little: the scan is a C loop of dict lookups,
+  bound by memory latency on a large index, ~150 ns a block at a million entries).
 - Costs: about 130 bytes per (block, instance) entry with predictions (`bench router`);
   `clear_instance` scans every entry (tens of ms at a million), which only a publisher
   restart or a sequence gap asks for. Expiry assumes a non-decreasing clock.
@@ -36,8 +39,8 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
-from itertools import groupby, repeat
 
+from router import accel
 from router.types import Tier
 
 ARRAY = "__array__"  # pseudo-instance holding the blocks of the shared storage array
@@ -332,13 +335,13 @@ class PrefixIndex:
         low = alive
         array_field = _FIELD << (self._array_id * _WIDTH)
         segments: list[tuple[int, int, int]] = []  # (packed value, blocks, alive mask)
-        # lookups and grouping of equal consecutive values run in C; stops at the first miss
-        for v, group in groupby(map(self._blocks.get, hashes, repeat(0))):
+        # runs of equal consecutive packed values, up to the first block held nowhere
+        for v, n in accel.lookup_runs(self._blocks, hashes):
             if not v & array_field:  # the shared array serves every instance
                 alive &= (v | v >> 1 | v >> 2 | v >> 3 | v >> 4) & low
             if not alive:
                 break
-            segments.append((v, len(list(group)), alive))
+            segments.append((v, n, alive))
         if not segments:
             return result
         ashift = self._array_id * _WIDTH

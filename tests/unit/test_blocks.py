@@ -1,10 +1,21 @@
-"""Approximate-mode blocks: canonical rendering and the chained hash definition."""
+"""Approximate-mode blocks: canonical rendering and the chained hash definition. Every test
+runs twice: with the ASCII fast path (`router.accel.hash_blocks`) in C and in pure Python."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
 import xxhash
 
 from router.blocks import chain_seed, estimate_tokens, hash_blocks, render_chat, render_prompt
+from tests.unit.accel_impls import IMPLS, use_accel
+
+
+@pytest.fixture(scope="module", params=IMPLS, autouse=True)
+def accel_impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    yield from use_accel(request.param)
 
 
 def test_hash_chain_definition() -> None:
@@ -35,6 +46,23 @@ def test_non_ascii_cut_on_characters() -> None:
     assert len(hashes) == 2
     h0 = xxhash.xxh3_64_intdigest(("é" * 10).encode(), seed)
     assert hashes == [h0, xxhash.xxh3_64_intdigest(("é" * 10).encode(), h0)]
+
+
+def test_ascii_and_non_ascii_paths_agree_on_the_chain_and_on_bad_seeds() -> None:
+    seed = chain_seed("m")
+    ascii_text = "ab" * 40 + "c"
+    chain = hash_blocks(ascii_text, seed=seed, block_chars=16)
+    h, want = seed, []
+    for i in range(5):  # the definition, block by block
+        h = xxhash.xxh3_64_intdigest(ascii_text[i * 16 : (i + 1) * 16].encode(), h)
+        want.append(h)
+    assert chain == want
+    for text in (ascii_text, "é" * 40):
+        for bad in (-1, 1 << 64):
+            with pytest.raises(OverflowError):
+                hash_blocks(text, seed=bad, block_chars=16)
+        with pytest.raises(ValueError):
+            hash_blocks(text, seed=seed, block_chars=0)
 
 
 def test_render_chat_is_canonical_and_role_aware() -> None:

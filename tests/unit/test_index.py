@@ -1,13 +1,24 @@
 """PrefixIndex: leading runs by tier, the shared array, TTL'd predictions, capacity bounds,
-removal, and (hypothesis) never a longer match than what was inserted."""
+removal, and (hypothesis) never a longer match than what was inserted. Every test runs
+twice: with the chain walk (`router.accel.lookup_runs`) in C and in pure Python."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.index import ARRAY, PrefixIndex
 from router.types import Tier
+from tests.unit.accel_impls import IMPLS, use_accel
+
+
+@pytest.fixture(scope="module", params=IMPLS, autouse=True)
+def accel_impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    yield from use_accel(request.param)
 
 
 class FakeClockless:
@@ -53,6 +64,24 @@ def test_array_counts_for_every_instance_unless_held_better() -> None:
     assert m["b"] == {Tier.ARRAY: 3, Tier.L3: 1}
     assert m["c"] == {Tier.ARRAY: 3}  # never seen before, still reads the array
     assert ARRAY not in idx.instances()
+
+
+def test_wide_packed_values_over_many_instances() -> None:
+    """20 instances: packed values are 100-bit ints, runs change value mid-chain."""
+    idx = PrefixIndex()
+    names = [f"i{k:02d}" for k in range(20)]
+    chain = list(range(100, 160))
+    for k, name in enumerate(names):  # instance k holds the first 60 - 2k blocks
+        idx.insert(name, chain[: 60 - 2 * k], Tier.L1 if k % 2 else Tier.L2)
+    idx.insert(ARRAY, chain[:10])
+    assert max(idx._blocks.values()).bit_length() > 64
+    m = idx.match(chain, names)
+    for k, name in enumerate(names):
+        own = Tier.L1 if k % 2 else Tier.L2
+        want = {own: 60 - 2 * k}
+        assert m[name] == want
+    idx.remove(names[19], chain[:5])  # the last instance now reads them from the array
+    assert idx.match(chain, names[19:])[names[19]] == {Tier.ARRAY: 5, Tier.L1: 17}
 
 
 def test_predictions_expire_after_ttl() -> None:
