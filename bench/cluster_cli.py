@@ -2,7 +2,8 @@
 simulator once per routing policy and compare them.
 
 Writes JSON (per policy: `token_hit_rate`, `hit_rate_by_tier` {L1, L2, array},
-`ttft_p50_s` / `ttft_p90_s` / `ttft_p99_s`, `load_imbalance` (max / mean requests per
+`ttft_p50_s` / `ttft_p90_s` / `ttft_p99_s`, `tpot_p50_s` / `tpot_p90_s` / `tpot_p99_s` (time
+per output token after the first), `load_imbalance` (max / mean requests per
 instance), `requests`, utilisation and concurrency per instance; plus
 `upper_bound_token_hit_rate`, one infinite cache) and prints a Markdown table.
 Policies run one after another, or in `--jobs` worker processes.
@@ -58,15 +59,17 @@ def _one(trace_path: str, limit: int | None, config: ClusterConfig, policy: str)
 def markdown_table(results: dict[str, Any]) -> str:
     head = (
         "| policy | requests | token hit | L1 | L2 | array | TTFT p50 s | p90 s | p99 s "
-        "| imbalance | busy | prefill share | conc./inst. |"
+        "| TPOT p50 ms | p99 ms | imbalance | busy | prefill share | conc./inst. |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 15]
     for name, r in results["policies"].items():
         t = r["hit_rate_by_tier"]
         lines.append(
             f"| {name} | {r['requests']} | {r['token_hit_rate']:.3f} | {t['L1']:.3f} "
             f"| {t['L2']:.3f} | {t['array']:.3f} | {r['ttft_p50_s']:.3f} "
-            f"| {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['load_imbalance']:.2f} "
+            f"| {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} "
+            f"| {1000 * r['tpot_p50_s']:.1f} | {1000 * r['tpot_p99_s']:.1f} "
+            f"| {r['load_imbalance']:.2f} "
             f"| {r['utilisation_mean']:.2f} | {r['prefill_share_mean']:.2f} "
             f"| {r['concurrency_mean_per_instance']:.1f} |"
         )

@@ -7,7 +7,8 @@ tier loads (bytes of matched L2 / array / L3 blocks / that tier's bandwidth) a p
 cannot hide behind the queue, and the prefill of the uncached part, all scaled by the
 instance's speed as calibrated from observed TTFTs. Each candidate is scored
 
-    score = ttft + imposed_delay + reuse_price x recompute_time(tokens given up)
+    score = ttft + imposed_delay + streams x work
+                 + reuse_price x recompute_time(tokens given up)
                  + recompute_time(active KV pushed out)
 
 - `imposed_delay` is the first-order delay the request's GPU work w adds to later arrivals
@@ -15,6 +16,15 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
   The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
   instances in proportion to the requests each serves, since follow-up turns return where
   their KV is. A long recompute next to many live sessions costs more than its own TTFT.
+- `streams x work` is the stall the request's GPU work imposes on the streams it shares
+  the instance's steps with: every engine step that carries a prefill chunk also carries
+  one token of each decoding sequence, so each of them waits `work` seconds longer for the
+  rest of its answer. How many streams decode there when its prefill runs is estimated by
+  how many decode there now (`InstanceView.streaming`). A stream stalled for a second
+  weighs as much as a second of TTFT (`stall_weight` = 1): players feel both. Without this
+  term a burst of new sessions is spread over every instance and slows every stream in the
+  fleet; with it cold work gathers where fewer streams would stall, which also keeps the
+  decode batches small, and with them the steps that cached follow-up turns wait for.
 - `reuse_price` (dual ascent, `router.cost.ReuseBudget`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
   giving up at most that much reuse. While the fleet is saturated (even the emptiest
@@ -80,6 +90,7 @@ class _Scored:
     cached: int
     score: float = 0.0
     imposed_s: float = 0.0
+    stall_s: float = 0.0
     reuse_s: float = 0.0
     pushed_out_s: float = 0.0
 
@@ -106,6 +117,7 @@ def _explain(s: _Scored) -> CandidateScore:
         score_terms={
             "predicted_ttft_s": s.pred.ttft_s,
             "imposed_delay_s": s.imposed_s,
+            "streams_stalled_s": s.stall_s,
             "reuse_price_s": s.reuse_s,
             "kv_pushed_out_s": s.pushed_out_s,
             "score": s.score,
@@ -136,9 +148,12 @@ class TtftPolicy:
         kv_capacity_tokens: int | None = None,
         session_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        stall_weight: float = 1.0,
     ) -> None:
         if tie_rel < 0 or tie_abs_s < 0:
             raise ValueError("tie tolerances must be >= 0")
+        if stall_weight < 0:
+            raise ValueError("stall_weight must be >= 0")
         if load_cap < 1.0:
             raise ValueError("load_cap must be >= 1")
         if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
@@ -148,6 +163,7 @@ class TtftPolicy:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
         self.model = TtftCostModel(base, forgetting=forgetting, prior_weight=prior_weight)
         self.tie_rel = tie_rel
+        self.stall_weight = stall_weight
         self.tie_abs_s = tie_abs_s
         self.load_cap = load_cap
         self.load_cap_min = load_cap_min
@@ -212,12 +228,14 @@ class TtftPolicy:
         per_request = self._arrivals.rate(now) / (in_flight_total + len(candidates))
         per_token_s = self.model.params.prefill_per_token_s
         reuse_s = self.reuse.price * per_token_s
+        stall_weight = self.stall_weight
         self.footprints.expire(now)
         for s in scored:
             s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))
             s.reuse_s = reuse_s * (most - s.cached) if most > s.cached else 0.0
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
-            s.score = s.pred.ttft_s + s.imposed_s + s.reuse_s + s.pushed_out_s
+            s.stall_s = stall_weight * s.view.streaming * s.pred.work_s
+            s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
         return scored
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:

@@ -50,6 +50,13 @@ def summarise(policy: str, run: RunRecord) -> dict[str, Any]:
     """Per-policy figures as `bench cluster` writes them."""
     reqs = run.requests
     ttfts = [r.ttft_s for r in reqs if r.ttft_s is not None]
+    # time per output token after the first: how fast the player's stream runs, which
+    # other requests' prefills on the same instance slow down (they share its steps)
+    tpots = [
+        (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+        for r in reqs
+        if r.finish_s is not None and r.first_token_s is not None and r.output_tokens > 1
+    ]
     prompt = sum(r.prompt_tokens for r in reqs)
     cached = sum(r.cached_tokens for r in reqs)
     by_tier = dict.fromkeys(TIER_LABELS, 0)
@@ -70,6 +77,9 @@ def summarise(policy: str, run: RunRecord) -> dict[str, Any]:
         "ttft_p90_s": _pct(ttfts, 90),
         "ttft_p99_s": _pct(ttfts, 99),
         "ttft_mean_s": float(np.mean(ttfts)) if ttfts else 0.0,
+        "tpot_p50_s": _pct(tpots, 50),
+        "tpot_p90_s": _pct(tpots, 90),
+        "tpot_p99_s": _pct(tpots, 99),
         "load_imbalance": max(routed) / mean_routed if mean_routed else 0.0,
         "requests_by_instance": routed,
         "utilisation_mean": sum(util) / len(util) if util else 0.0,

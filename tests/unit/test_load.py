@@ -38,5 +38,23 @@ def test_remote_in_flight_adds_to_local() -> None:
         "in_flight": 2,
         "local_in_flight": 1,
         "remote_in_flight": 1,
+        "awaiting_first_token": 1,
         "queued_prefill_tokens": 10,
     }
+
+
+def test_streaming_counts_requests_past_their_first_token() -> None:
+    load = LoadView()
+    for _ in range(3):
+        load.on_dispatch("a", 100)
+    assert load.streaming("a") == 0  # all three still prefilling
+    load.on_first_token("a", 100)
+    load.on_first_token("a", 100)
+    assert load.streaming("a") == 2
+    load.on_finish("a", 100, got_first_token=True)
+    load.on_finish("a", 100, got_first_token=False)  # failed before its first token
+    assert load.streaming("a") == 1
+    assert load.snapshot()["a"]["awaiting_first_token"] == 0
+    load.set_remote("a", 4)  # other replicas share only a count: taken as streaming
+    assert load.streaming("a") == 5
+    assert load.streaming("never-seen") == 0

@@ -40,6 +40,7 @@ def _view(
     array: int = 0,
     in_flight: int = 0,
     queued: int = 0,
+    streaming: int = 0,
 ) -> InstanceView:
     matched = {}
     if l1:
@@ -47,7 +48,11 @@ def _view(
     if array:
         matched[Tier.ARRAY] = array
     return InstanceView(
-        id=name, in_flight=in_flight, queued_prefill_tokens=queued, matched_blocks=matched
+        id=name,
+        in_flight=in_flight,
+        queued_prefill_tokens=queued,
+        matched_blocks=matched,
+        streaming=streaming,
     )
 
 
@@ -204,3 +209,23 @@ def test_a_follow_up_stays_with_its_kv_on_a_full_instance() -> None:
     _fill(policy, "a", 19_000, session="p")
     views = [_view("a", l1=290), _view("b")]
     assert policy.choose(_req(blocks=300, session="p"), views).instance == "a"
+
+
+def test_cold_work_goes_where_fewer_streams_would_stall() -> None:
+    # a holds a tenth of the prompt but 12 streams decode there; b is idle. The 270 uncached
+    # blocks (~1.3 s of prefill) stall each of a's streams for that long: b is cheaper overall
+    views = [_view("a", l1=30, in_flight=12, streaming=12), _view("b")]
+    request = _req(blocks=300, session="raid-member")
+    blind = _policy(stall_weight=0.0)
+    assert blind.choose(request, views).instance == "a"
+    decision = _policy().choose(request, views)
+    assert decision.instance == "b"
+    terms = {c.instance: c.score_terms for c in decision.candidates}
+    work_a = terms["a"]["predicted_ttft_s"]  # no queue: its TTFT is its own GPU work
+    assert terms["a"]["streams_stalled_s"] == pytest.approx(12 * work_a)
+    assert terms["b"]["streams_stalled_s"] == 0.0
+
+
+def test_stall_weight_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="stall_weight"):
+        _policy(stall_weight=-1.0)
