@@ -63,20 +63,20 @@ class LoadView:
         """Other gateway replicas' in-flight requests on `instance` (replaces the last value)."""
         self._get(instance).remote_in_flight = max(0, in_flight)
 
-    def view(self, instance: str) -> tuple[int, int]:
-        """(in-flight requests from every replica, queued prefill tokens seen here)."""
+    def view(self, instance: str) -> tuple[int, int, int]:
+        """(in-flight requests from every replica, queued prefill tokens seen here, streams:
+        in-flight requests past their first token). Other replicas' in-flight requests
+        count as streaming: only their number is shared."""
         load = self._loads.get(instance)
         if load is None:
-            return 0, 0
-        return load.in_flight + load.remote_in_flight, load.queued_tokens
-
-    def streaming(self, instance: str) -> int:
-        """Requests on `instance` past their first token, i.e. decoding. Other replicas'
-        in-flight requests count as streaming: only their number is shared."""
-        load = self._loads.get(instance)
-        if load is None:
-            return 0
-        return max(0, load.in_flight - load.prefilling) + load.remote_in_flight
+            return 0, 0, 0
+        remote = load.remote_in_flight
+        streaming = load.in_flight - load.prefilling
+        return (
+            load.in_flight + remote,
+            load.queued_tokens,
+            (streaming if streaming > 0 else 0) + remote,
+        )
 
     def local_in_flight(self, instance: str) -> int:
         """This replica's own in-flight requests on `instance` (what it publishes to others)."""

@@ -79,13 +79,12 @@ class Router:
         views: list[InstanceView] = []
         load = self.load.view
         held = self.index.blocks_held
-        streaming = self.load.streaming
         for name in names:
-            in_flight, queued = load(name)
+            in_flight, queued, streaming = load(name)
             # positional: id, in_flight, queued_prefill_tokens, matched_blocks, blocks held,
             # streaming
             views.append(
-                InstanceView(name, in_flight, queued, matches[name], held(name), streaming(name))
+                InstanceView(name, in_flight, queued, matches[name], held(name), streaming)
             )
         return views
 

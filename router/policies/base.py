@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
 
 from router.types import Decision, RouteRequest, Tier
 
+_NOTHING: Mapping[Tier, int] = MappingProxyType({})
 
-@dataclass(frozen=True, slots=True)
-class InstanceView:
-    """One candidate instance at decision time."""
+
+class InstanceView(NamedTuple):
+    """One candidate instance at decision time. (A named tuple: the router builds one per
+    candidate per decision, and a tuple is the cheapest immutable record to build.)"""
 
     id: str
     in_flight: int = 0  # requests routed there and not finished (all gateway replicas)
     # prompt tokens routed there to compute (not predicted cached) whose first token is pending
     queued_prefill_tokens: int = 0
-    matched_blocks: Mapping[Tier, int] = field(default_factory=dict)  # leading blocks, by tier
+    matched_blocks: Mapping[Tier, int] = _NOTHING  # leading blocks, by tier
     cached_blocks_total: int = 0  # blocks the index believes it holds in all (tree size)
     streaming: int = 0  # of in_flight: past their first token (decoding), all replicas
 
