@@ -71,11 +71,12 @@ def render_chat(messages: Iterable[Mapping[str, Any]], tools: Sequence[Any] | No
         role = str(message.get("role", ""))
         name = message.get("name")
         header = f"<|{role}|>" if name is None else f"<|{role}:{name}|>"
-        body = content_text(message.get("content"))
+        parts.append(header)
+        parts.append(content_text(message.get("content")))  # long: copied once, by the join
         tool_calls = message.get("tool_calls")
         if tool_calls:
-            body += json.dumps(tool_calls, sort_keys=True, separators=(",", ":"))
-        parts.append(header + body + "\n")
+            parts.append(json.dumps(tool_calls, sort_keys=True, separators=(",", ":")))
+        parts.append("\n")
     return "".join(parts)
 
 
