@@ -36,7 +36,7 @@ def build_admin_router() -> APIRouter:
         block_tokens = state.settings.routing.block_tokens
         out: list[dict[str, Any]] = []
         for inst in state.settings.instances:
-            in_flight, queued, _streaming = state.router.load.view(inst.id)
+            in_flight, queued = state.router.load.view(inst.id)
             blocks = state.router.index.blocks_held(inst.id)
             out.append(
                 {

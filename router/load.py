@@ -1,15 +1,11 @@
 """The load view: how busy each instance is, as the router itself has seen it.
 
-Per instance it keeps requests in flight (routed, not finished), how many of them still
-await their first token, and queued prefill tokens (the tokens to compute of requests
-routed there whose first token has not been seen yet: the prefill work still ahead of a
-new request). In flight less awaiting first token is the streams decoding there: the
-sequences a new prefill shares the engine's steps with, and stalls.
-
-The router passes each request's prompt tokens less what it predicted cached there, since
-a cached follow-up turn queues far less work than its prompt length. Counts from other
-gateway replicas arrive through `set_remote` (the shared state feeds them) and are added
-to this replica's own in-flight count.
+Per instance it keeps requests in flight (routed, not finished) and queued prefill tokens
+(the tokens to compute of requests routed there whose first token has not been seen yet:
+the prefill work still ahead of a new request). The router passes each request's prompt
+tokens less what it predicted cached there, since a cached follow-up turn queues far less
+work than its prompt length. Counts from other gateway replicas arrive through `set_remote`
+(the shared state feeds them) and are added to this replica's own in-flight count.
 Counters never go below zero, so a duplicate or late completion cannot corrupt them.
 """
 
@@ -21,7 +17,6 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class _Load:
     in_flight: int = 0
-    prefilling: int = 0  # of in_flight: no first token yet
     queued_tokens: int = 0
     remote_in_flight: int = 0
 
@@ -42,13 +37,11 @@ class LoadView:
         """A request with `prefill_tokens` to compute was sent to `instance`."""
         load = self._get(instance)
         load.in_flight += 1
-        load.prefilling += 1
         load.queued_tokens += max(0, prefill_tokens)
 
     def on_first_token(self, instance: str, prefill_tokens: int) -> None:
         """Its prefill is done: its tokens leave the queue."""
         load = self._get(instance)
-        load.prefilling = max(0, load.prefilling - 1)
         load.queued_tokens = max(0, load.queued_tokens - max(0, prefill_tokens))
 
     def on_finish(self, instance: str, prefill_tokens: int, got_first_token: bool) -> None:
@@ -56,27 +49,18 @@ class LoadView:
         load = self._get(instance)
         load.in_flight = max(0, load.in_flight - 1)
         if not got_first_token:
-            load.prefilling = max(0, load.prefilling - 1)
             load.queued_tokens = max(0, load.queued_tokens - max(0, prefill_tokens))
 
     def set_remote(self, instance: str, in_flight: int) -> None:
         """Other gateway replicas' in-flight requests on `instance` (replaces the last value)."""
         self._get(instance).remote_in_flight = max(0, in_flight)
 
-    def view(self, instance: str) -> tuple[int, int, int]:
-        """(in-flight requests from every replica, queued prefill tokens seen here, streams:
-        in-flight requests past their first token). Other replicas' in-flight requests
-        count as streaming: only their number is shared."""
+    def view(self, instance: str) -> tuple[int, int]:
+        """(in-flight requests from every replica, queued prefill tokens seen here)."""
         load = self._loads.get(instance)
         if load is None:
-            return 0, 0, 0
-        remote = load.remote_in_flight
-        streaming = load.in_flight - load.prefilling
-        return (
-            load.in_flight + remote,
-            load.queued_tokens,
-            (streaming if streaming > 0 else 0) + remote,
-        )
+            return 0, 0
+        return load.in_flight + load.remote_in_flight, load.queued_tokens
 
     def local_in_flight(self, instance: str) -> int:
         """This replica's own in-flight requests on `instance` (what it publishes to others)."""
@@ -90,7 +74,6 @@ class LoadView:
                 "in_flight": load.in_flight + load.remote_in_flight,
                 "local_in_flight": load.in_flight,
                 "remote_in_flight": load.remote_in_flight,
-                "awaiting_first_token": load.prefilling,
                 "queued_prefill_tokens": load.queued_tokens,
             }
             for name, load in self._loads.items()

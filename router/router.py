@@ -80,12 +80,9 @@ class Router:
         load = self.load.view
         held = self.index.blocks_held
         for name in names:
-            in_flight, queued, streaming = load(name)
-            # positional: id, in_flight, queued_prefill_tokens, matched_blocks, blocks held,
-            # streaming
-            views.append(
-                InstanceView(name, in_flight, queued, matches[name], held(name), streaming)
-            )
+            in_flight, queued = load(name)
+            # positional: id, in_flight, queued_prefill_tokens, matched_blocks, blocks held
+            views.append(InstanceView(name, in_flight, queued, matches[name], held(name)))
         return views
 
     def route(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:

@@ -27,7 +27,6 @@ class InstanceView(NamedTuple):
     queued_prefill_tokens: int = 0
     matched_blocks: Mapping[Tier, int] = _NOTHING  # leading blocks, by tier
     cached_blocks_total: int = 0  # blocks the index believes it holds in all (tree size)
-    streaming: int = 0  # of in_flight: past their first token (decoding), all replicas
 
     def matched_total(self) -> int:
         return sum(self.matched_blocks.values())

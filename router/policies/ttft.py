@@ -19,12 +19,13 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
 - `streams x work` is the stall the request's GPU work imposes on the streams it shares
   the instance's steps with: every engine step that carries a prefill chunk also carries
   one token of each decoding sequence, so each of them waits `work` seconds longer for the
-  rest of its answer. How many streams decode there when its prefill runs is estimated by
-  how many decode there now (`InstanceView.streaming`). A stream stalled for a second
-  weighs as much as a second of TTFT (`stall_weight` = 1): players feel both. Without this
-  term a burst of new sessions is spread over every instance and slows every stream in the
-  fleet; with it cold work gathers where fewer streams would stall, which also keeps the
-  decode batches small, and with them the steps that cached follow-up turns wait for.
+  rest of its answer. The streams there when its prefill runs are the requests in flight
+  there now: those prefilling ahead of it (first come, first served) will be decoding by
+  then. A stream stalled for a second weighs as much as a second of TTFT (`stall_weight`
+  = 1): players feel both. Without this term a burst of new sessions is spread over every
+  instance and slows every stream in the fleet; with it cold work gathers where fewer
+  streams would stall, which also keeps the decode batches small, and with them the steps
+  that cached follow-up turns wait for.
 - `reuse_price` (dual ascent, `router.cost.ReuseBudget`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
   giving up at most that much reuse. While the fleet is saturated (even the emptiest
@@ -234,7 +235,7 @@ class TtftPolicy:
             s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))
             s.reuse_s = reuse_s * (most - s.cached) if most > s.cached else 0.0
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
-            s.stall_s = stall_weight * s.view.streaming * s.pred.work_s
+            s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
         return scored
 

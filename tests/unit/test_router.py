@@ -70,7 +70,7 @@ def test_route_is_pure_and_dispatch_predicts() -> None:
     assert router.route(r, ["a", "b", "c"]).instance == first.instance  # nothing changed
     assert len(router.index) == 0
     router.on_dispatch(r, first, first.instance)
-    assert router.load.view(first.instance) == (1, r.prompt_tokens, 0)
+    assert router.load.view(first.instance) == (1, r.prompt_tokens)
     assert router.index.blocks_held(first.instance) == len(r.block_hashes)
     # the same prompt again goes where its prefix now is, with its cached tokens predicted
     again = router.route(r, ["c", "b", "a"])
@@ -122,11 +122,11 @@ def test_complete_feeds_policy_and_accounting() -> None:
     )
     router.on_dispatch(r, d, "a")
     # the prefill queue holds what is to compute: the prompt less the predicted 48 cached
-    assert router.load.view("a") == (1, r.prompt_tokens - 48, 0)
+    assert router.load.view("a") == (1, r.prompt_tokens - 48)
     router.on_first_token(r, d, "a", 0.2)
-    assert router.load.view("a") == (1, 0, 1)  # now streaming
+    assert router.load.view("a") == (1, 0)
     router.on_complete(r, d, "a", ttft_s=0.2, reported_cached_tokens=40, ok=True)
-    assert router.load.view("a") == (0, 0, 0)
+    assert router.load.view("a") == (0, 0)
     out = policy.outcomes[-1]
     assert out.predicted_cached_tokens == 48
     assert out.reported_cached_tokens == 40
@@ -138,7 +138,7 @@ def test_complete_feeds_policy_and_accounting() -> None:
     # a failover that failed before its first token
     router.on_dispatch(r, d, "b")
     router.on_complete(r, d, "b", ttft_s=None, reported_cached_tokens=None, ok=False)
-    assert router.load.view("b") == (0, 0, 0)
+    assert router.load.view("b") == (0, 0)
     assert router.stats()["failed"] == 1
     assert router.stats()["predicted_cached_tokens"] == 48  # a failed attempt predicts nothing
     assert router.stats()["completed"] == 2

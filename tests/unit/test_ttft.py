@@ -40,7 +40,6 @@ def _view(
     array: int = 0,
     in_flight: int = 0,
     queued: int = 0,
-    streaming: int = 0,
 ) -> InstanceView:
     matched = {}
     if l1:
@@ -52,7 +51,6 @@ def _view(
         in_flight=in_flight,
         queued_prefill_tokens=queued,
         matched_blocks=matched,
-        streaming=streaming,
     )
 
 
@@ -212,9 +210,9 @@ def test_a_follow_up_stays_with_its_kv_on_a_full_instance() -> None:
 
 
 def test_cold_work_goes_where_fewer_streams_would_stall() -> None:
-    # a holds a tenth of the prompt but 12 streams decode there; b is idle. The 270 uncached
+    # a holds a tenth of the prompt but 12 requests stream there; b is idle. The 270 uncached
     # blocks (~1.3 s of prefill) stall each of a's streams for that long: b is cheaper overall
-    views = [_view("a", l1=30, in_flight=12, streaming=12), _view("b")]
+    views = [_view("a", l1=30, in_flight=12), _view("b")]
     request = _req(blocks=300, session="raid-member")
     blind = _policy(stall_weight=0.0)
     assert blind.choose(request, views).instance == "a"
