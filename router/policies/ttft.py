@@ -16,16 +16,19 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
   The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
   instances in proportion to the requests each serves, since follow-up turns return where
   their KV is. A long recompute next to many live sessions costs more than its own TTFT.
-- `streams x work` is the stall the request's GPU work imposes on the streams it shares
-  the instance's steps with: every engine step that carries a prefill chunk also carries
-  one token of each decoding sequence, so each of them waits `work` seconds longer for the
-  rest of its answer. The streams there when its prefill runs are the requests in flight
-  there now: those prefilling ahead of it (first come, first served) will be decoding by
-  then. A stream stalled for a second weighs as much as a second of TTFT (`stall_weight`
-  = 1): players feel both. Without this term a burst of new sessions is spread over every
-  instance and slows every stream in the fleet; with it cold work gathers where fewer
-  streams would stall, which also keeps the decode batches small, and with them the steps
-  that cached follow-up turns wait for.
+- `streams x work`, for a cold prompt (no candidate holds half of it), is the stall the
+  request's GPU work imposes on the streams it shares the instance's steps with: every
+  engine step that carries a prefill chunk also carries one token of each decoding
+  sequence, so each of them waits `work` seconds longer for the rest of its answer. The
+  streams there when its prefill runs are the requests in flight there now: those
+  prefilling ahead of it (first come, first served) will be decoding by then. A stream
+  stalled for a second weighs as much as a second of TTFT (`stall_weight` = 1): players
+  feel both. Without this term a burst of new sessions is spread over every instance and
+  slows every stream in the fleet; with it cold work gathers where fewer streams would
+  stall, which also keeps the decode batches small, and with them the steps that cached
+  follow-up turns wait for. A mostly cached prompt is not charged: its KV decides where it
+  goes, and pricing the streams there only moves sessions off their KV (measured with the
+  shared array, where a move costs little TTFT: the game p50 rose by 35 ms).
 - `reuse_price` (dual ascent, `router.cost.ReuseBudget`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
   giving up at most that much reuse. While the fleet is saturated (even the emptiest
@@ -207,6 +210,7 @@ class TtftPolicy:
         prompt = request.prompt_tokens
         scored: list[_Scored] = []
         most = 0  # the most any instance under the load cap has cached
+        cached_anywhere = 0  # the most any instance has cached
         in_flight_total = 0
         for v in candidates:
             tiers = cached_tokens_by_tier(request, v.matched_blocks) if v.matched_blocks else {}
@@ -218,6 +222,8 @@ class TtftPolicy:
                 queued_prefill_tokens=v.queued_prefill_tokens,
             )
             cached = sum(tiers.values()) if tiers else 0
+            if cached > cached_anywhere:
+                cached_anywhere = cached
             if cached > most and v.in_flight < cap:
                 most = cached
             in_flight_total += v.in_flight
@@ -229,7 +235,9 @@ class TtftPolicy:
         per_request = self._arrivals.rate(now) / (in_flight_total + len(candidates))
         per_token_s = self.model.params.prefill_per_token_s
         reuse_s = self.reuse.price * per_token_s
-        stall_weight = self.stall_weight
+        # the stall decides where work without a home goes; a prompt that is mostly cached
+        # somewhere has one (its KV), and moving it for fewer streams only trades its TTFT
+        stall_weight = self.stall_weight if 2 * cached_anywhere < prompt else 0.0
         self.footprints.expire(now)
         for s in scored:
             s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))

@@ -227,3 +227,11 @@ def test_cold_work_goes_where_fewer_streams_would_stall() -> None:
 def test_stall_weight_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="stall_weight"):
         _policy(stall_weight=-1.0)
+
+
+def test_a_mostly_cached_prompt_pays_no_stall() -> None:
+    # its KV decides where it goes: pricing the streams there would only move it off its KV
+    views = [_view("a", l1=200, in_flight=12), _view("b", array=200)]
+    decision = _policy().choose(_req(blocks=300, session="follow-up"), views)
+    assert decision.instance == "a"
+    assert all(c.score_terms["streams_stalled_s"] == 0.0 for c in decision.candidates)
