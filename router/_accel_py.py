@@ -2,7 +2,7 @@
 
 `router.accel` uses these when the C extension was not built or `WARMGATE_NATIVE=python`
 is set. Same arguments, results (bit for bit) and errors as the C module; types in
-`_accel.pyi`.
+`_accel.pyi`. The block table is a plain dict here (the C module's is a `BlockMap`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def hash_blocks(data: Buffer, seed: int, block_chars: int, /) -> list[int]:
         h = digest(chunk, h)
         append(h)
     return hashes
+
+
+def new_block_map() -> dict[int, int]:
+    """The prefix index's block table: a plain dict (the C module returns a BlockMap)."""
+    return {}
 
 
 def lookup_runs(blocks: dict[int, int], hashes: Iterable[int], /) -> list[tuple[int, int]]:

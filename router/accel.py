@@ -1,5 +1,8 @@
 """The router's per-block hot loops, accelerated: `hash_blocks` (chained xxh3 over a
-prompt's blocks) and `lookup_runs` (the prefix index's walk over a chain).
+prompt's blocks) and `lookup_runs` (the prefix index's walk over a chain), and the table
+that walk reads: `new_block_map()` is a C `BlockMap` (u64 -> int, open addressing, a walk
+that prefetches) or, in the fallback, a plain dict. `lookup_runs(table, hashes)` takes
+either, so the index has one calling convention for both.
 
 At import this picks the C extension `router._accel` (built by `pip install`, source
 `_accel.c`) or, when it is missing or `WARMGATE_NATIVE=python` is set (the same switch as
@@ -15,7 +18,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__all__ = ["IMPLEMENTATION", "REASON", "hash_blocks", "lookup_runs"]
+__all__ = ["IMPLEMENTATION", "REASON", "hash_blocks", "lookup_runs", "new_block_map"]
 
 
 def _load() -> tuple[ModuleType, str]:
@@ -36,8 +39,9 @@ def _load() -> tuple[ModuleType, str]:
 _IMPL, REASON = _load()
 
 if TYPE_CHECKING:
-    from router._accel import IMPLEMENTATION, hash_blocks, lookup_runs
+    from router._accel import IMPLEMENTATION, hash_blocks, lookup_runs, new_block_map
 else:
     IMPLEMENTATION = _IMPL.IMPLEMENTATION
     hash_blocks = _IMPL.hash_blocks
     lookup_runs = _IMPL.lookup_runs
+    new_block_map = _IMPL.new_block_map

@@ -34,6 +34,6 @@ def use_accel(name: str) -> Iterator[ModuleType]:
     implementation `name` until the fixture ends."""
     module = accel_module(name)
     with pytest.MonkeyPatch.context() as mp:
-        for attr in ("IMPLEMENTATION", "hash_blocks", "lookup_runs"):
+        for attr in ("IMPLEMENTATION", "hash_blocks", "lookup_runs", "new_block_map"):
             mp.setattr(accel, attr, getattr(module, attr))
         yield module

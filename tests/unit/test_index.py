@@ -1,6 +1,6 @@
 """PrefixIndex: leading runs by tier, the shared array, TTL'd predictions, capacity bounds,
 removal, and (hypothesis) never a longer match than what was inserted. Every test runs
-twice: with the chain walk (`router.accel.lookup_runs`) in C and in pure Python."""
+twice: with the block table a C BlockMap walked in C, and a dict walked in pure Python."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ from tests.unit.accel_impls import IMPLS, use_accel
 @pytest.fixture(scope="module", params=IMPLS, autouse=True)
 def accel_impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     yield from use_accel(request.param)
+
+
+def test_block_table_follows_the_implementation(accel_impl: ModuleType) -> None:
+    """The C implementation gives the index a BlockMap, the Python one a dict: every test
+    here runs once on each table."""
+    table = PrefixIndex()._blocks
+    want = dict if accel_impl.IMPLEMENTATION == "python" else accel_impl.BlockMap
+    assert type(table) is want
 
 
 class FakeClockless:
@@ -74,7 +82,7 @@ def test_wide_packed_values_over_many_instances() -> None:
     for k, name in enumerate(names):  # instance k holds the first 60 - 2k blocks
         idx.insert(name, chain[: 60 - 2 * k], Tier.L1 if k % 2 else Tier.L2)
     idx.insert(ARRAY, chain[:10])
-    assert max(idx._blocks.values()).bit_length() > 64
+    assert max(v for _, v in idx._blocks.items()).bit_length() > 64
     m = idx.match(chain, names)
     for k, name in enumerate(names):
         own = Tier.L1 if k % 2 else Tier.L2
