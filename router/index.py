@@ -37,12 +37,12 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
   flushed first, the walk takes ~55-70 us (dict: ~190-210) and `match()` ~170 us (dict:
   ~270-310); with the chain's slots cached, ~8-14 us and ~21-45 us (dict: ~16-90 and
   ~30-110, swinging with how much cache the VM's neighbours take).
-- Costs: about 122 bytes per (block, instance) entry with predictions (`bench router`,
-  with a dict table 130; the table itself is ~34 bytes per distinct block at a million,
-  the dict ~42 plus the key's int object when nothing else holds it, but predicted keys are
-  also held by the owner dicts); `clear_instance` scans every entry (~0.1 s at a million),
-  which only a publisher restart or a sequence gap asks for. Expiry assumes a
-  non-decreasing clock.
+- Costs: about 78 bytes per (block, instance) entry with predictions (`bench router`; 122
+  with the prediction owners in dicts, 130 with dicts for both). The table is ~34 bytes per
+  distinct block at a million; the owners keep their keys as u64s in BlockMaps too, so no
+  int object per predicted block stays alive. `clear_instance` scans every entry (~0.1 s
+  at a million), which only a publisher restart or a sequence gap asks for. Expiry assumes
+  a non-decreasing clock.
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ class _Predictions:
     __slots__ = ("batches", "owner", "refs")
 
     def __init__(self) -> None:
-        self.owner: dict[int, int] = {}  # hash -> number of the batch that predicted it last
+        # hash -> number of the batch that predicted it last (a BlockMap like the table:
+        # a u64 key in a slot instead of an int object per predicted block)
+        self.owner: BlockMap | dict[int, int] = accel.new_block_map()
         self.batches: deque[_Batch] = deque()
         self.refs = 0  # total length of the batches' hash lists (live + stale)
 
