@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from router.policies.base import InstanceView
 from router.types import CandidateScore, Decision, RouteRequest, Tier, ordered_fallbacks
 
+_LABELS = tuple(t.label for t in sorted(Tier))  # by tier value
+
 
 def cached_tokens_by_tier(
     request: RouteRequest, matched_blocks: Mapping[Tier, int]
@@ -17,10 +19,12 @@ def cached_tokens_by_tier(
     if not matched_blocks:
         return out
     left = max(0, request.prompt_tokens)
-    for tier in sorted(matched_blocks):
+    # per candidate per decision: a sort and enum lookups only when tiers mix
+    ordered = sorted(matched_blocks) if len(matched_blocks) > 1 else matched_blocks
+    for tier in ordered:
         tokens = min(left, matched_blocks[tier] * request.block_tokens)
         if tokens > 0:
-            out[tier.label] = tokens
+            out[_LABELS[tier]] = tokens
             left -= tokens
     return out
 
