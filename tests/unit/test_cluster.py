@@ -173,6 +173,8 @@ def test_bench_cluster_command_writes_the_figures(
         assert set(figures["hit_rate_by_tier"]) == {"L1", "L2", "array"}
         assert 0.0 <= figures["token_hit_rate"] <= data["upper_bound_token_hit_rate"] + 1e-9
         assert figures["ttft_p50_s"] <= figures["ttft_p90_s"] <= figures["ttft_p99_s"]
+        # a simulated decode step is at least the profile's base step time
+        assert 0.005 < figures["tpot_p50_s"] <= figures["tpot_p90_s"] <= figures["tpot_p99_s"]
         assert figures["load_imbalance"] >= 1.0
         assert len(figures["utilisation_by_instance"]) == 3
     assert "| ttft |" in capsys.readouterr().out
