@@ -16,19 +16,23 @@ instance's speed as calibrated from observed TTFTs. Each candidate is scored
   The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
   instances in proportion to the requests each serves, since follow-up turns return where
   their KV is. A long recompute next to many live sessions costs more than its own TTFT.
-- `streams x work`, for a cold prompt (no candidate holds half of it), is the stall the
-  request's GPU work imposes on the streams it shares the instance's steps with: every
-  engine step that carries a prefill chunk also carries one token of each decoding
-  sequence, so each of them waits `work` seconds longer for the rest of its answer. The
-  streams there when its prefill runs are the requests in flight there now: those
-  prefilling ahead of it (first come, first served) will be decoding by then. A stream
-  stalled for a second weighs as much as a second of TTFT (`stall_weight` = 1): players
-  feel both. Without this term a burst of new sessions is spread over every instance and
-  slows every stream in the fleet; with it cold work gathers where fewer streams would
-  stall, which also keeps the decode batches small, and with them the steps that cached
-  follow-up turns wait for. A mostly cached prompt is not charged: its KV decides where it
-  goes, and pricing the streams there only moves sessions off their KV (measured with the
-  shared array, where a move costs little TTFT: the game p50 rose by 35 ms).
+- `streams x work` is the stall the request's GPU work imposes on the streams it shares
+  the instance's steps with: every engine step that carries a prefill chunk also carries
+  one token of each decoding sequence, so each of them waits `work` seconds longer for the
+  rest of its answer. The streams there when its prefill runs are the requests in flight
+  there now: those prefilling ahead of it (first come, first served) will be decoding by
+  then. A stream stalled for a second weighs as much as a second of TTFT (`stall_weight`
+  = 1): players feel both. Without this term a burst of new sessions is spread over every
+  instance and slows every stream in the fleet; with it cold work gathers where fewer
+  streams would stall, which also keeps the decode batches small, and with them the steps
+  that cached follow-up turns wait for. It is charged to cold prompts only (no candidate
+  holds half of the prompt) and only while the fleet is not saturated (below):
+  - a mostly cached prompt's KV decides where it goes, and pricing the streams there only
+    moves sessions off their KV (measured with the shared array, where a move costs little
+    TTFT: the game p50 rose by 35 ms);
+  - saturated, the prefill runs after a queue longer than itself wherever it goes, and who
+    streams by then is not who is in flight now (charged there too, Mooncake at twice its
+    rate lost 8% of p99 to `prefix`, and at its own rate TPOT p99 was 9% higher).
 - `reuse_price` (dual ascent, `router.cost.ReuseBudget`) keeps the share of cacheable
   prompt tokens given up by choice near `reuse_budget`: TTFT is minimised subject to
   giving up at most that much reuse. While the fleet is saturated (even the emptiest
@@ -204,7 +208,10 @@ class TtftPolicy:
 
     def _score_all(
         self, request: RouteRequest, candidates: Sequence[InstanceView], cap: int
-    ) -> list[_Scored]:
+    ) -> tuple[list[_Scored], bool]:
+        """Every candidate scored, and whether the fleet is saturated: even the emptiest
+        instance under the load cap has more work queued than this whole prompt's prefill
+        (a move then finds no spare capacity)."""
         # the hot loop of the default policy: attribute lookups hoisted, builtins avoided
         predict = self.model.predict
         prompt = request.prompt_tokens
@@ -235,9 +242,15 @@ class TtftPolicy:
         per_request = self._arrivals.rate(now) / (in_flight_total + len(candidates))
         per_token_s = self.model.params.prefill_per_token_s
         reuse_s = self.reuse.price * per_token_s
-        # the stall decides where work without a home goes; a prompt that is mostly cached
-        # somewhere has one (its KV), and moving it for fewer streams only trades its TTFT
-        stall_weight = self.stall_weight if 2 * cached_anywhere < prompt else 0.0
+        allowed = [s for s in scored if s.view.in_flight < cap] or scored
+        saturated = min(s.pred.queue_wait_s for s in allowed) > max(
+            s.pred.prefill_s for s in allowed
+        )
+        # the stall decides where work without a home goes. A prompt that is mostly cached
+        # somewhere has one (its KV), and moving it for fewer streams only trades its TTFT.
+        # Saturated, its prefill runs after a queue longer than itself everywhere, and who
+        # streams then is not who is in flight now
+        stall_weight = 0.0 if saturated or 2 * cached_anywhere >= prompt else self.stall_weight
         self.footprints.expire(now)
         for s in scored:
             s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))
@@ -245,7 +258,7 @@ class TtftPolicy:
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
             s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
-        return scored
+        return scored, saturated
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
         """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`
@@ -258,17 +271,13 @@ class TtftPolicy:
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         cap = self._cap(sum(v.in_flight for v in candidates), len(candidates))
-        scored = self._score_all(request, candidates, cap)
+        scored, saturated = self._score_all(request, candidates, cap)
         allowed = [s for s in scored if s.view.in_flight < cap] or scored
         capped = len(scored) - len(allowed)
-        saturated = False
         self.reuse.refill(request.prompt_tokens)
         most = max(s.cached for s in allowed)
-        # saturated: even the emptiest instance has more work queued than recomputing this
-        # whole prompt would take, so a move finds no spare capacity: the budget is hard
-        if min(s.pred.queue_wait_s for s in allowed) > max(s.pred.prefill_s for s in allowed):
+        if saturated:  # extra work only lengthens every queue: the reuse budget is hard
             self.saturated_decisions += 1
-            saturated = True
             allowed = [s for s in allowed if self.reuse.permits(most - s.cached)]
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]

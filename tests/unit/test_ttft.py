@@ -235,3 +235,12 @@ def test_a_mostly_cached_prompt_pays_no_stall() -> None:
     decision = _policy().choose(_req(blocks=300, session="follow-up"), views)
     assert decision.instance == "a"
     assert all(c.score_terms["streams_stalled_s"] == 0.0 for c in decision.candidates)
+
+
+def test_a_saturated_fleet_charges_no_stall() -> None:
+    # every queue is longer than the prompt's own prefill: who streams when it runs is not
+    # who is in flight now
+    views = [_view("a", in_flight=12, queued=200_000), _view("b", in_flight=2, queued=250_000)]
+    decision = _policy().choose(_req(blocks=300, session="late"), views)
+    assert "fleet saturated" in decision.reason
+    assert all(c.score_terms["streams_stalled_s"] == 0.0 for c in decision.candidates)
