@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 REDIS_URL ?= redis://127.0.0.1:6379
-NATIVE_SRC := $(wildcard tierd/native/*.c tierd/native/*.h tierd/native/*.cu) router/_accel.c
+NATIVE_SRC := $(wildcard tierd/native/*.c tierd/native/*.h tierd/native/*.cu router/*.c router/*.h)
 
 .PHONY: up test lint typecheck pytest clean
 

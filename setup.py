@@ -11,9 +11,10 @@ accelerated hot loops (`router._accel`, see router/accel.py).
   A failed GPU build is reported and skipped, except under `CI=true`, where any build failure
   fails the install: CI exists to prove that everything compiles.
 - The CPython extension `router._accel` (C, `router/_accel.c`: prompt block hashing and the
-  prefix index walk). It compiles xxHash in from its header (`xxhash.h`, Debian/Ubuntu
-  package `libxxhash-dev`); without it the router uses its pure-Python versions, except
-  under `CI=true`, where the build must succeed.
+  prefix index walk; `router/blockmap.c`: the index's block table). It compiles xxHash in
+  from its header (`xxhash.h`, Debian/Ubuntu package `libxxhash-dev`); without it the
+  router uses its pure-Python versions, except under `CI=true`, where the build must
+  succeed.
 
 Settings (environment): WARMGATE_GPU_BACKENDS = auto | none | comma list of cuda,hip;
 WARMGATE_HIP_ARCH; WARMGATE_CUDA_ARCH (optional -arch for nvcc); NVCC, HIPCC (compilers).
@@ -35,7 +36,9 @@ NATIVE = Path("tierd") / "native"
 C_SOURCES = sorted(p.name for p in NATIVE.glob("*.c"))
 GPU_SOURCE = NATIVE / "gpu_backend.cu"
 TIERD_EXT = "tierd.native._native"
-ROUTER_ACCEL = Path("router") / "_accel.c"
+ROUTER = Path("router")
+# the module (hot loops) and the block table it walks
+ROUTER_ACCEL_SOURCES = [ROUTER / "_accel.c", ROUTER / "blockmap.c"]
 
 
 def _in_ci() -> bool:
@@ -168,7 +171,8 @@ setup(
         ),
         Extension(
             "router._accel",
-            sources=[str(ROUTER_ACCEL)],
+            sources=[str(p) for p in ROUTER_ACCEL_SOURCES],
+            depends=[str(ROUTER / "blockmap.h")],
             # -O3: xxh3's seeded long-input path runs about twice as fast as at -O2
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=not _in_ci(),  # outside CI a failed build leaves the Python fallback

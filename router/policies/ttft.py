@@ -208,10 +208,10 @@ class TtftPolicy:
 
     def _score_all(
         self, request: RouteRequest, candidates: Sequence[InstanceView], cap: int
-    ) -> tuple[list[_Scored], bool]:
-        """Every candidate scored, and whether the fleet is saturated: even the emptiest
-        instance under the load cap has more work queued than this whole prompt's prefill
-        (a move then finds no spare capacity)."""
+    ) -> tuple[list[_Scored], list[_Scored], bool]:
+        """Every candidate scored; those under the load cap (all, when none is); and whether
+        the fleet is saturated: even the emptiest of those has more work queued than this
+        whole prompt's prefill (a move then finds no spare capacity)."""
         # the hot loop of the default policy: attribute lookups hoisted, builtins avoided
         predict = self.model.predict
         prompt = request.prompt_tokens
@@ -258,7 +258,7 @@ class TtftPolicy:
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
             s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
-        return scored, saturated
+        return scored, allowed, saturated
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
         """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`
@@ -271,8 +271,7 @@ class TtftPolicy:
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         cap = self._cap(sum(v.in_flight for v in candidates), len(candidates))
-        scored, saturated = self._score_all(request, candidates, cap)
-        allowed = [s for s in scored if s.view.in_flight < cap] or scored
+        scored, allowed, saturated = self._score_all(request, candidates, cap)
         capped = len(scored) - len(allowed)
         self.reuse.refill(request.prompt_tokens)
         most = max(s.cached for s in allowed)
