@@ -8,8 +8,9 @@
 - `POST /admin/route/explain`: a dry run of routing on a completion request body: every
   candidate's view (cached tokens by tier, load, predicted TTFT and its parts, and the
   policy's score term by term), the choice, the reason and the fallbacks. Nothing is sent
-  and the load view, index and sessions do not change; the `ttft` policy does count it in
-  its arrival rate and reuse accounting, as it counts every decision.
+  and nothing changes: not the load view, index or sessions, nor the policy's own state
+  (`Router.explain` asks the policy for a `preview`), so the next real decision is the one
+  it would have been.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def build_admin_router() -> APIRouter:
         candidates = state.health.candidates_for(parsed.model)
         rr = await request_for_routing(state, parsed, candidates)
         try:
-            decision = state.router.route(rr, candidates)
+            decision = state.router.explain(rr, candidates)
         except NoCandidateError:
             raise no_healthy_instance(parsed.model, state.settings.retry_after_s) from None
         excluded = {

@@ -211,6 +211,8 @@ class TtftCostModel:
         self._batch_tokens = max(1, self.params.max_batch_tokens)
         self._bandwidths: dict[str, dict[str, float]] = {}
         self._models: dict[str, _InstanceModel] = {}
+        # read (never written) for instances with no outcome yet, so predicting stores nothing
+        self._unobserved = _InstanceModel(prior_compute_s, prior_weight)
         # An instance not yet observed borrows the fleet's mean speed factor: the fleet's
         # instances are alike far more often than not, and the profile's k = 1 may be far
         # off (another GPU, a time-scaled simulator) once the others have converged.
@@ -275,8 +277,8 @@ class TtftCostModel:
         # (`warmgate bench router`).
         p = self.params
         m = self._models.get(instance)
-        if m is None:
-            m = self._model(instance)
+        if m is None:  # not observed yet: the profile's prior, nothing stored
+            m = self._unobserved
         k = m.k if m.fits else self._pooled_k
         cached = 0
         load = 0.0

@@ -67,6 +67,10 @@ class SessionFootprints:
         """Tokens of KV the active sessions hold on `instance` (call `expire` first)."""
         return self._working.get(instance, 0)
 
+    def instances(self) -> list[str]:
+        """Instances some active session holds KV on."""
+        return list(self._working)
+
     def footprint(self, session: str) -> tuple[str, int] | None:
         """(instance, tokens) of an active session, None if unknown or ended."""
         fp = self._active.get(session)

@@ -92,6 +92,17 @@ class Router:
             raise NoCandidateError("no candidate instance for this request")
         return self.policy.choose(request, self.views(request, candidates))
 
+    def explain(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:
+        """The decision `route` would make, as a dry run: a policy that learns or rotates
+        as it decides (`preview`) is asked without changing its state."""
+        if not candidates:
+            raise NoCandidateError("no candidate instance for this request")
+        preview: Callable[[RouteRequest, Sequence[InstanceView]], Decision] | None = getattr(
+            self.policy, "preview", None
+        )
+        decide = preview if preview is not None else self.policy.choose
+        return decide(request, self.views(request, candidates))
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def on_dispatch(self, request: RouteRequest, decision: Decision, instance: str) -> None:

@@ -50,8 +50,9 @@ class Policy(Protocol):
     Optional methods the router and gateway call when a policy has them:
     `on_dispatch(request, instance, computed_tokens)` (where a request was actually sent,
     the choice or a fallback, and the prompt tokens it computes there as predicted),
-    `set_bandwidths(instance, {tier: bytes/s})`, `set_kv_capacity(instance, tokens)` and
-    `stats()`."""
+    `set_bandwidths(instance, {tier: bytes/s})`, `set_kv_capacity(instance, tokens)`,
+    `stats()`, and `preview(request, candidates)`: the decision `choose` would make, changing
+    no state (explain's dry run; a policy whose `choose` changes nothing needs none)."""
 
     name: str
 

@@ -18,9 +18,14 @@ class RoundRobinPolicy:
         self._cursor = 0
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        decision = self.preview(request, candidates)
+        self._cursor += 1
+        return decision
+
+    def preview(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        """The next decision, without advancing the cursor (explain's dry run)."""
         n = len(candidates)
         start = self._cursor % n
-        self._cursor += 1
         ranked = [candidates[(start + k) % n] for k in range(n)]
         return make_decision(
             request, self.name, f"rotation slot {start} of {n}", ranked, candidates

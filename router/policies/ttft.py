@@ -60,13 +60,15 @@ Then:
 
 `choose()` remembers the prediction made for the instance it picked (bounded, keyed by
 instance, prompt tokens and predicted cached tokens) so `observe()` can pair an outcome
-with it and calibrate. Dry runs (explain) count as arrivals for the rate meter.
+with it and calibrate. `preview()` is the same decision as a dry run (explain): it changes
+no state, so explaining a request does not move the next real decision.
 `set_bandwidths()` takes measured tier bandwidths (tierd stats); `on_dispatch()` (called
 by the router for the instance a request was actually sent to) keeps the footprints.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -207,7 +209,12 @@ class TtftPolicy:
         return max(self.load_cap_min, math.ceil(self.load_cap * fair))
 
     def _score_all(
-        self, request: RouteRequest, candidates: Sequence[InstanceView], cap: int
+        self,
+        request: RouteRequest,
+        candidates: Sequence[InstanceView],
+        cap: int,
+        arrivals: RateMeter,
+        reuse: ReuseBudget,
     ) -> tuple[list[_Scored], list[_Scored], bool]:
         """Every candidate scored; those under the load cap (all, when none is); and whether
         the fleet is saturated: even the emptiest of those has more work queued than this
@@ -236,12 +243,12 @@ class TtftPolicy:
             in_flight_total += v.in_flight
             scored.append(_Scored(v, tiers, pred, cached))
         now = self._clock()
-        self._arrivals.tick(now)
+        arrivals.tick(now)
         # later arrivals per second at each instance: the fleet's rate, shared in proportion
         # to the requests each serves (their follow-ups come back to it)
-        per_request = self._arrivals.rate(now) / (in_flight_total + len(candidates))
+        per_request = arrivals.rate(now) / (in_flight_total + len(candidates))
         per_token_s = self.model.params.prefill_per_token_s
-        reuse_s = self.reuse.price * per_token_s
+        reuse_s = reuse.price * per_token_s
         allowed = [s for s in scored if s.view.in_flight < cap] or scored
         saturated = min(s.pred.queue_wait_s for s in allowed) > max(
             s.pred.prefill_s for s in allowed
@@ -270,19 +277,39 @@ class TtftPolicy:
         return max(0, working + max(0, computed_tokens) - capacity) - max(0, working - capacity)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        return self._decide(request, candidates, self._arrivals, self.reuse, commit=True)
+
+    def preview(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        """The decision `choose` would make now, changing nothing (explain's dry run): the
+        rate meter and reuse budget are read from copies, no prediction is remembered.
+        (Sessions idle past their window are retired, as any later call would retire them.)"""
+        arrivals, reuse = copy.copy(self._arrivals), copy.copy(self.reuse)
+        return self._decide(request, candidates, arrivals, reuse, commit=False)
+
+    def _decide(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[InstanceView],
+        arrivals: RateMeter,
+        reuse: ReuseBudget,
+        *,
+        commit: bool,
+    ) -> Decision:
         cap = self._cap(sum(v.in_flight for v in candidates), len(candidates))
-        scored, allowed, saturated = self._score_all(request, candidates, cap)
+        scored, allowed, saturated = self._score_all(request, candidates, cap, arrivals, reuse)
         capped = len(scored) - len(allowed)
-        self.reuse.refill(request.prompt_tokens)
+        reuse.refill(request.prompt_tokens)
         most = max(s.cached for s in allowed)
         if saturated:  # extra work only lengthens every queue: the reuse budget is hard
-            self.saturated_decisions += 1
-            allowed = [s for s in allowed if self.reuse.permits(most - s.cached)]
+            allowed = [s for s in allowed if reuse.permits(most - s.cached)]
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
         chosen = ties[0] if len(ties) == 1 else min(ties, key=_tie_key(request.session_key))
-        self.reuse.update(most - chosen.cached, request.prompt_tokens)
-        self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
+        reuse.update(most - chosen.cached, request.prompt_tokens)
+        if commit:
+            if saturated:
+                self.saturated_decisions += 1
+            self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
@@ -325,16 +352,17 @@ class TtftPolicy:
         )
 
     def stats(self) -> dict[str, object]:
-        instances = self.model.snapshot()
+        instances = self.model.snapshot()  # those with outcomes observed
+        known = sorted({*instances, *self._kv_capacity, *self.footprints.instances()})
         return {
             "instances": instances,
             "reuse_price": self.reuse.price,
             "reuse_lost_share": self.reuse.lost_share,
             "saturated_decisions": self.saturated_decisions,
             "kv_capacity_tokens": {
-                i: self._kv_capacity.get(i, self.kv_capacity_tokens) for i in sorted(instances)
+                i: self._kv_capacity.get(i, self.kv_capacity_tokens) for i in known
             },
             "active_sessions": len(self.footprints),
             "session_window_s": self.footprints.window_s,
-            "working_set_tokens": {i: self.footprints.working_set(i) for i in sorted(instances)},
+            "working_set_tokens": {i: self.footprints.working_set(i) for i in known},
         }

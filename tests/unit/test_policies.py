@@ -54,6 +54,14 @@ def test_round_robin_rotates_with_fallbacks() -> None:
     assert picks[0].policy == "round_robin"
 
 
+def test_round_robin_preview_does_not_advance() -> None:
+    p = RoundRobinPolicy()
+    cands = [view("a"), view("b"), view("c")]
+    p.choose(req(), cands)
+    assert [p.preview(req(), cands).instance for _ in range(3)] == ["b", "b", "b"]
+    assert p.choose(req(), cands).instance == "b"
+
+
 def test_least_load_ties_by_queued_tokens_then_order() -> None:
     p = LeastLoadPolicy()
     d = p.choose(req(), [view("a", 2), view("b", 1, 500), view("c", 1, 100), view("d", 1, 100)])

@@ -63,6 +63,20 @@ def test_empty_candidates_raise() -> None:
         make().route(chat_request("x" * 200), [])
 
 
+def test_explain_is_a_dry_run_of_route() -> None:
+    router = make("round_robin")
+    r = chat_request("the tavern keeper " * 30)
+    with pytest.raises(NoCandidateError):
+        router.explain(r, [])
+    explained = [router.explain(r, ["a", "b", "c"]).instance for _ in range(3)]
+    assert explained == ["a", "a", "a"]  # the rotation did not move
+    assert router.route(r, ["a", "b", "c"]).instance == "a"
+    assert router.explain(r, ["a", "b", "c"]).instance == "b"
+    # a policy without a preview is asked to choose: its choose changes nothing
+    plain = Router(RecordingPolicy(), PrefixIndex(ttl_s=60.0), LoadView())
+    assert plain.explain(r, ["a", "b"]).reason == "most L1"
+
+
 def test_route_is_pure_and_dispatch_predicts() -> None:
     router = make()
     r = chat_request("the world state " * 40)

@@ -183,7 +183,7 @@ def test_a_new_session_avoids_an_instance_whose_hbm_its_sessions_fill() -> None:
     assert terms["b"]["score"] < terms["a"]["score"]
     stats = aware.stats()
     assert stats["active_sessions"] == 1
-    assert stats["working_set_tokens"] == {"a": 10_000, "b": 0}
+    assert stats["working_set_tokens"] == {"a": 10_000}  # b holds no active session's KV
 
 
 def test_capacity_is_free_while_the_working_set_fits() -> None:
@@ -244,3 +244,54 @@ def test_a_saturated_fleet_charges_no_stall() -> None:
     decision = _policy().choose(_req(blocks=300, session="late"), views)
     assert "fleet saturated" in decision.reason
     assert all(c.score_terms["streams_stalled_s"] == 0.0 for c in decision.candidates)
+
+
+class SteppedClock:
+    """Time that moves only when the test says so (a preview must not depend on calls)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _decisions(with_previews: bool) -> tuple[list[tuple[str, str, float]], dict[str, object]]:
+    clock = SteppedClock()
+    policy = TtftPolicy(clock=clock)
+    seen: list[tuple[str, str, float]] = []
+    for k in range(40):
+        clock.t += 0.2
+        # sessions come back to where their KV is, new ones arrive cold; queues move
+        views = [
+            _view("a", l1=(k * 7) % 300, in_flight=k % 9, queued=(k * 3001) % 40_000),
+            _view("b", l1=(k * 11) % 300, array=20, in_flight=(k + 4) % 7, queued=9_000),
+            _view("c", in_flight=k % 3, queued=(k * 977) % 60_000),
+        ]
+        request = _req(blocks=300, session=f"player-{k % 5}")
+        if with_previews:
+            previewed = [policy.preview(request, views) for _ in range(3)]
+        decision = policy.choose(request, views)
+        if with_previews:  # the preview is the decision choose went on to make
+            assert {p.instance for p in previewed} == {decision.instance}
+            assert previewed[0].reason == decision.reason
+        seen.append((decision.instance, decision.reason, decision.predicted_ttft_s or 0.0))
+        policy.on_dispatch(request, decision.instance, 1000)
+        policy.observe(
+            Outcome(
+                instance=decision.instance,
+                prompt_tokens=request.prompt_tokens,
+                predicted_cached_tokens=decision.cached_tokens,
+                ttft_s=0.05 + 0.01 * (k % 4),
+            )
+        )
+    return seen, policy.stats()
+
+
+def test_preview_is_a_dry_run() -> None:
+    # explain asks for previews: interleaving them changes no later decision and no state
+    plain, plain_stats = _decisions(with_previews=False)
+    previewed, previewed_stats = _decisions(with_previews=True)
+    assert previewed == plain
+    assert previewed_stats == plain_stats
+    assert len({instance for instance, _, _ in plain}) > 1  # the sequence does make choices
