@@ -1,5 +1,7 @@
-"""`warmgate bench cluster`: replay a Mooncake-format trace through the discrete-event cluster
-simulator once per routing policy and compare them.
+"""`warmgate bench cluster`: replay a trace through the discrete-event cluster simulator once
+per routing policy and compare them. The trace is Mooncake-format JSONL, or an Azure LLM
+inference CSV (`.csv`: real arrivals and lengths, no prefix identity, so every request gets
+blocks of its own and the comparison is of load balancing alone).
 
 Writes JSON (per policy: `token_hit_rate`, `hit_rate_by_tier` {L1, L2, array},
 `ttft_p50_s` / `ttft_p90_s` / `ttft_p99_s`, `tpot_p50_s` / `tpot_p90_s` / `tpot_p99_s` (time
@@ -24,14 +26,16 @@ from sim.cluster.metrics import distinct_tokens, upper_bound_token_hit_rate
 from sim.cluster.runner import run_policy
 from sim.cluster.simulator import ClusterConfig
 from sim.profiles import DEFAULT_PROFILE, get_profile
-from sim.traces import TraceRequest, check_block_counts, load_mooncake
+from sim.traces import TraceRequest, check_block_counts, load_trace
 
 DEFAULT_POLICIES = "round_robin,least_load,session,prefix,ttft"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warmgate bench cluster", description=__doc__)
-    p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
+    p.add_argument(
+        "--trace", required=True, help="Mooncake-format JSONL trace, or an Azure CSV (.csv)"
+    )
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id")
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--l1-tokens", type=int, default=2_000_000, help="HBM KV per instance")
@@ -52,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _one(trace_path: str, limit: int | None, config: ClusterConfig, policy: str) -> dict[str, Any]:
-    trace = load_mooncake(trace_path, limit=limit)
+    trace = load_trace(trace_path, block_tokens=config.block_tokens, limit=limit)
     return run_policy(trace, config, policy)
 
 
@@ -83,7 +87,9 @@ def markdown_table(results: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     get_profile(args.profile)  # fail early on a bad name
-    trace: list[TraceRequest] = load_mooncake(args.trace, limit=args.limit)
+    trace: list[TraceRequest] = load_trace(
+        args.trace, block_tokens=args.block_tokens, limit=args.limit
+    )
     if not trace:
         raise SystemExit(f"{args.trace}: no requests")
     mismatched = check_block_counts(trace, args.block_tokens)

@@ -9,7 +9,9 @@ j * block_tokens tokens; `len(hash_ids) == ceil(input_length / block_tokens)` (t
 block may be partial). Optional extra keys (for example `session`) are kept.
 
 The Azure CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`) carries no prefix identity: it
-is loaded as arrival offsets and lengths for arrival-process and length studies.
+is loaded as arrival offsets and lengths for arrival-process and length studies, and
+`load_trace` turns it into Mooncake records whose blocks no two requests share (all the
+trace can say), so the cluster simulator compares load balancing on its real arrivals.
 """
 
 from __future__ import annotations
@@ -154,3 +156,34 @@ def load_azure_csv(path: str | Path, *, limit: int | None = None) -> list[Length
         )
         for t, i, o in rows
     ]
+
+
+def unshared_blocks(requests: Iterable[LengthRequest], block_tokens: int) -> list[TraceRequest]:
+    """Mooncake records for a trace without prefix identity: each request gets its own
+    `ceil(input_length / block_tokens)` fresh block ids, so nothing counts as shared."""
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be positive")
+    out: list[TraceRequest] = []
+    next_id = 0
+    for r in requests:
+        blocks = -(-r.input_length // block_tokens)
+        out.append(
+            TraceRequest(
+                timestamp_ms=r.timestamp_ms,
+                input_length=r.input_length,
+                output_length=r.output_length,
+                hash_ids=tuple(range(next_id, next_id + blocks)),
+            )
+        )
+        next_id += blocks
+    return out
+
+
+def load_trace(
+    path: str | Path, *, block_tokens: int, limit: int | None = None
+) -> list[TraceRequest]:
+    """A trace for the cluster simulator: an Azure CSV (`.csv`, with `unshared_blocks`) or a
+    Mooncake-format JSONL file (anything else)."""
+    if Path(path).suffix.lower() == ".csv":
+        return unshared_blocks(load_azure_csv(path, limit=limit), block_tokens)
+    return load_mooncake(path, limit=limit)

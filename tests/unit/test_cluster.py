@@ -180,6 +180,29 @@ def test_bench_cluster_command_writes_the_figures(
     assert "| ttft |" in capsys.readouterr().out
 
 
+def test_bench_cluster_replays_an_azure_csv(tmp_path: Path) -> None:
+    rows = "".join(
+        f"2023-11-16 18:{15 + k // 60:02d}:{k % 60:02d}.5000000,{300 + 37 * k},{20 + k % 7}\n"
+        for k in range(40)
+    )
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    out = tmp_path / "out.json"
+    rc = bench_cluster_main(
+        [
+            "--trace", str(path), "--block-tokens", "64", "--instances", "2",
+            "--policies", "round_robin,ttft", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["upper_bound_token_hit_rate"] == 0.0  # nothing is shared
+    for figures in data["policies"].values():
+        assert figures["requests"] == 40
+        assert figures["token_hit_rate"] == 0.0
+        assert 0.0 < figures["ttft_p50_s"] <= figures["ttft_p99_s"]
+
+
 def test_write_through_lets_another_instance_load_fresh_kv() -> None:
     # round robin sends the second request to the other instance: with write-through the
     # first one's blocks are already in the array, without it they are recomputed

@@ -1,5 +1,6 @@
 """Trace loaders: Mooncake JSONL round trip (extra session key kept), ordering, block-count
-checks, clear errors on bad lines, and the Azure CSV as arrival offsets and lengths."""
+checks, clear errors on bad lines, and the Azure CSV as arrival offsets and lengths (and as
+a replayable trace whose requests share no blocks)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sim.traces import (
     iter_mooncake,
     load_azure_csv,
     load_mooncake,
+    load_trace,
     write_mooncake,
 )
 
@@ -83,3 +85,26 @@ def test_azure_csv_gives_offsets_and_lengths(tmp_path: Path) -> None:
     (tmp_path / "broken.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,2\n")
     with pytest.raises(TraceFormatError, match="line 2"):
         load_azure_csv(tmp_path / "broken.csv")
+
+
+def test_an_azure_csv_replays_with_blocks_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "azure.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.0000000,1024,9\n"
+        "2023-11-16 18:15:48.5000000,1,3\n"
+    )
+    trace = load_trace(path, block_tokens=512)
+    assert [len(r.hash_ids) for r in trace] == [1, 2, 1]
+    ids = [h for r in trace for h in r.hash_ids]
+    assert len(set(ids)) == len(ids)  # the trace says nothing is shared
+    assert check_block_counts(trace, 512) == 0
+    assert [r.output_length for r in trace] == [44, 9, 3]
+    assert trace[1].timestamp_ms == pytest.approx(319.41, abs=0.01)
+    assert len(load_trace(path, block_tokens=512, limit=2)) == 2
+    with pytest.raises(ValueError, match="block_tokens"):
+        load_trace(path, block_tokens=0)
+    jsonl = tmp_path / "t.jsonl"  # anything else is Mooncake JSONL
+    write_mooncake(jsonl, trace)
+    assert load_trace(jsonl, block_tokens=512) == trace
