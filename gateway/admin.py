@@ -5,7 +5,7 @@
 - `GET /admin/stats`: cluster totals (requests by outcome, predicted vs reported cached
   tokens, TTFT p50/p99 over the sliding window) plus the router's own counters;
 - `GET /admin/sessions/{key}`: where a player's KV is believed to be, by tier, and why;
-- `POST /admin/route/explain`: a dry run of routing on a completion request body: every
+- `GET` or `POST /admin/route/explain`: a dry run of routing on a completion request body: every
   candidate's view (cached tokens by tier, load, predicted TTFT and its parts, and the
   policy's score term by term), the choice, the reason and the fallbacks. Nothing is sent
   and nothing changes: not the load view, index or sessions, nor the policy's own state
@@ -89,7 +89,9 @@ def build_admin_router() -> APIRouter:
             where["why"] = "no request with this session key has been routed by this gateway"
         return JSONResponse(where, status_code=200 if where.get("known") or bound else 404)
 
-    @router.post("/route/explain")
+    # GET as the issue names it (a body on GET is legal, if unusual), POST for clients that
+    # will not send one
+    @router.api_route("/route/explain", methods=["GET", "POST"])
     async def explain(request: Request) -> JSONResponse:
         state = app_state(request)
         body = parse_json_object(await read_body(request, state.settings.max_body_bytes))

@@ -258,6 +258,10 @@ def test_route_explain_is_a_dry_run(fleet: Fleet, client: httpx.Client) -> None:
     lowest = min(c["score_terms"]["score"] for c in out["candidates"])
     assert chosen["score_terms"]["score"] <= lowest + max(0.01, 0.05 * lowest)  # or a near-tie
     assert out["request"]["blocks"] > 0
+    as_get = client.request("GET", "/admin/route/explain", json=body)  # the same, by GET
+    assert as_get.status_code == 200, as_get.text
+    for key in ("instance", "policy", "cached_tokens"):
+        assert as_get.json()["decision"][key] == out["decision"][key]
     after = client.get("/admin/stats").json()["router"]
     assert after["routed"] == before["routed"]
     for key in ("reuse_price", "reuse_lost_share", "saturated_decisions", "instances"):
