@@ -24,6 +24,7 @@ from router.types import Decision, NoCandidateError, RouteRequest, Tier
 
 _TIER_BY_LABEL = {t.label: t for t in Tier}
 DEFAULT_SESSIONS_KEPT = 100_000
+_Decide = Callable[[RouteRequest, Sequence[InstanceView]], Decision]
 
 
 @dataclass(slots=True)
@@ -86,21 +87,22 @@ class Router:
         return views
 
     def route(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:
-        """Choose an instance among `candidates` (healthy ones). No state changes, except the
-        lazy reclamation of expired predictions inside the index."""
-        if not candidates:
-            raise NoCandidateError("no candidate instance for this request")
-        return self.policy.choose(request, self.views(request, candidates))
+        """Choose an instance among `candidates` (healthy ones). The index and load view do
+        not change (except the lazy reclamation of expired predictions); a policy that
+        learns or rotates as it decides does."""
+        return self._decide(self.policy.choose, request, candidates)
 
     def explain(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:
         """The decision `route` would make, as a dry run: a policy that learns or rotates
-        as it decides (`preview`) is asked without changing its state."""
+        as it decides is asked for its `preview`, which changes nothing."""
+        preview: _Decide | None = getattr(self.policy, "preview", None)
+        return self._decide(preview or self.policy.choose, request, candidates)
+
+    def _decide(
+        self, decide: _Decide, request: RouteRequest, candidates: Sequence[str]
+    ) -> Decision:
         if not candidates:
             raise NoCandidateError("no candidate instance for this request")
-        preview: Callable[[RouteRequest, Sequence[InstanceView]], Decision] | None = getattr(
-            self.policy, "preview", None
-        )
-        decide = preview if preview is not None else self.policy.choose
         return decide(request, self.views(request, candidates))
 
     # -- lifecycle ----------------------------------------------------------------------
