@@ -35,8 +35,9 @@ def build_admin_router() -> APIRouter:
     async def instances(request: Request) -> JSONResponse:
         state = app_state(request)
         block_tokens = state.settings.routing.block_tokens
+        fleet = state.extensions.get("fleet")
         out: list[dict[str, Any]] = []
-        for inst in state.settings.instances:
+        for inst in state.health.instances():  # the fleet now (gateway.fleet changes it)
             in_flight, queued = state.router.load.view(inst.id)
             blocks = state.router.index.blocks_held(inst.id)
             out.append(
@@ -46,6 +47,7 @@ def build_admin_router() -> APIRouter:
                     "tierd_url": inst.tierd_url,
                     "models": state.health.models_of(inst.id),
                     "health": state.health.health[inst.id].to_dict(),
+                    "fleet": fleet.status_of(inst.id) if fleet is not None else None,
                     "in_flight": in_flight,
                     "local_in_flight": state.router.load.local_in_flight(inst.id),
                     "queued_prefill_tokens": queued,

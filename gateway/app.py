@@ -22,6 +22,7 @@ from gateway.admin import build_admin_router
 from gateway.auth import require_api_key
 from gateway.errors import install_error_handlers
 from gateway.fastpath import GatewayApp
+from gateway.fleet_api import build_fleet_router
 from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
 from gateway.kv_capacity import run_discovery
@@ -39,7 +40,7 @@ from gateway.tokens import PreciseChains
 
 log = logging.getLogger("warmgate.app")
 
-EXTENSIONS: tuple[str, ...] = ("gateway.shared", "gateway.kv_events")
+EXTENSIONS: tuple[str, ...] = ("gateway.shared", "gateway.kv_events", "gateway.fleet")
 
 
 def build_upstream(settings: Settings) -> H1Pool:
@@ -146,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     add_completion_routes(app)
     app.include_router(build_openai_router(), dependencies=[Depends(require_api_key)])
     app.include_router(build_admin_router(), dependencies=[Depends(require_api_key)])
+    app.include_router(build_fleet_router(), dependencies=[Depends(require_api_key)])
     app.include_router(build_ops_router())
     app.add_middleware(RequestIdMiddleware)
     return app

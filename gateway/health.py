@@ -3,11 +3,17 @@
 `success_threshold` consecutive successes bring it back (a newly configured instance joins
 on its first good check). Failures the proxy sees (connection
 refused, 5xx) count too, so a dead instance leaves the set without waiting for the loop.
-Instances configured without a model list get theirs from the engine's `/v1/models`."""
+Instances configured without a model list get theirs from the engine's `/v1/models`.
+
+The set of instances changes at runtime (`gateway.fleet`): `add` and `remove` them, and
+`set_draining` keeps an instance checked but out of every candidate set while its in-flight
+requests finish. A removed instance's URL stays resolvable, so a request already routed
+there can still fail over or finish."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -65,6 +71,8 @@ class HealthChecker:
         metrics: GatewayMetrics,
     ) -> None:
         self._instances = {i.id: i for i in instances}
+        self._retired: dict[str, InstanceSettings] = {}  # removed, still resolvable by URL
+        self.draining: set[str] = set()
         self._settings = settings
         self._client = client
         self._metrics = metrics
@@ -72,16 +80,53 @@ class HealthChecker:
         for i in instances:
             metrics.instance_healthy.labels(i.id).set(0)
 
+    # --- the set of instances (changed at runtime by gateway.fleet) ----------------------
+    def instances(self) -> list[InstanceSettings]:
+        return list(self._instances.values())
+
+    def spec(self, instance_id: str) -> InstanceSettings | None:
+        return self._instances.get(instance_id)
+
+    def add(self, inst: InstanceSettings) -> None:
+        """Start checking `inst` (it joins the candidates on its first good check)."""
+        self._instances[inst.id] = inst
+        self._retired.pop(inst.id, None)
+        self.draining.discard(inst.id)
+        self.health[inst.id] = InstanceHealth(inst.id)
+        self._metrics.instance_healthy.labels(inst.id).set(0)
+
+    def remove(self, instance_id: str) -> None:
+        inst = self._instances.pop(instance_id, None)
+        if inst is None:
+            return
+        self._retired[instance_id] = inst
+        self.health.pop(instance_id, None)
+        self.draining.discard(instance_id)
+        with contextlib.suppress(KeyError):  # never labelled yet
+            self._metrics.instance_healthy.remove(instance_id)
+
+    def set_draining(self, instance_id: str, draining: bool) -> None:
+        """A draining instance is checked as before but is nobody's candidate."""
+        if draining and instance_id in self._instances:
+            self.draining.add(instance_id)
+        else:
+            self.draining.discard(instance_id)
+
     # --- queries -------------------------------------------------------------------------
     def instance_url(self, instance_id: str) -> str:
-        return self._instances[instance_id].url
+        inst = self._instances.get(instance_id) or self._retired[instance_id]
+        return inst.url
 
     def healthy_ids(self) -> list[str]:
-        return [i for i, h in self.health.items() if h.healthy]
+        return [i for i, h in self.health.items() if h.healthy and i not in self.draining]
 
     def models_of(self, instance_id: str) -> list[str]:
-        configured = self._instances[instance_id].models
-        return list(configured) if configured else list(self.health[instance_id].discovered_models)
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return []
+        if inst.models:
+            return list(inst.models)
+        return list(self.health[instance_id].discovered_models)
 
     def known_models(self) -> set[str]:
         """Every model any instance (healthy or not) is known to serve."""
@@ -99,7 +144,9 @@ class HealthChecker:
 
     # --- transitions ---------------------------------------------------------------------
     def record_success(self, instance_id: str, latency_s: float | None = None) -> None:
-        h = self.health[instance_id]
+        h = self.health.get(instance_id)
+        if h is None:  # removed while it was being checked
+            return
         h.consecutive_failures = 0
         h.consecutive_successes += 1
         h.last_check = time.time()
@@ -110,7 +157,9 @@ class HealthChecker:
             self._set(h, "healthy", f"{h.consecutive_successes} consecutive health checks passed")
 
     def record_failure(self, instance_id: str, reason: str) -> None:
-        h = self.health[instance_id]
+        h = self.health.get(instance_id)
+        if h is None:  # removed meanwhile (a request still in flight there failed)
+            return
         h.consecutive_successes = 0
         h.consecutive_failures += 1
         h.last_check = time.time()
@@ -134,7 +183,9 @@ class HealthChecker:
 
     # --- checking ------------------------------------------------------------------------
     async def check(self, instance_id: str) -> None:
-        inst = self._instances[instance_id]
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return
         timeout = self._settings.timeout_s
         started = time.monotonic()
         try:
@@ -145,7 +196,8 @@ class HealthChecker:
         if resp.status_code != 200:
             self.record_failure(instance_id, f"/health answered {resp.status_code}")
             return
-        if not inst.models and not self.health[instance_id].discovered_models:
+        h = self.health.get(instance_id)
+        if h is not None and not inst.models and not h.discovered_models:
             try:
                 await self._discover_models(inst, timeout)
             except (httpx.HTTPError, ValueError) as exc:
@@ -162,10 +214,12 @@ class HealthChecker:
         models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
         if not models:
             raise ValueError("the instance serves no model")
-        self.health[inst.id].discovered_models = models
+        h = self.health.get(inst.id)
+        if h is not None:
+            h.discovered_models = models
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(i) for i in self._instances))
+        await asyncio.gather(*(self.check(i) for i in list(self._instances)))
 
     async def run(self) -> None:
         """Check every instance each interval, forever (cancelled at shutdown)."""

@@ -24,12 +24,20 @@ _INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_kv_capacity(metrics_text: str) -> int | None:
-    """HBM KV tokens from a Prometheus text page, or None when it does not say."""
+def cache_config_labels(metrics_text: str) -> dict[str, str] | None:
+    """The labels of `vllm:cache_config_info` (block_size, prefix_caching_hash_algo, ...),
+    or None when the page has none."""
     match = _INFO.search(metrics_text)
     if match is None:
         return None
-    labels = dict(_LABEL.findall(match.group("labels")))
+    return dict(_LABEL.findall(match.group("labels")))
+
+
+def parse_kv_capacity(metrics_text: str) -> int | None:
+    """HBM KV tokens from a Prometheus text page, or None when it does not say."""
+    labels = cache_config_labels(metrics_text)
+    if labels is None:
+        return None
     try:
         blocks = int(labels["num_gpu_blocks"])
         block_size = int(labels["block_size"])
@@ -48,7 +56,7 @@ async def discover_once(state: AppState) -> dict[str, int]:
     """Ask every instance once; returns (and hands the policy) the capacities found."""
     setter = getattr(state.router.policy, "set_kv_capacity", None)
     found: dict[str, int] = {}
-    for inst in state.settings.instances:
+    for inst in state.health.instances():  # the fleet as it is now (it changes at runtime)
         try:
             tokens = await read_capacity(state, inst.url)
         except Exception as exc:  # an engine without /metrics, or down: ask again later
@@ -64,7 +72,7 @@ async def discover_once(state: AppState) -> dict[str, int]:
 async def run_discovery(state: AppState, *, retry_s: float, refresh_s: float = 300.0) -> None:
     """Discover until every instance has told, then refresh (cancelled at shutdown)."""
     known: set[str] = set()
-    everyone = {inst.id for inst in state.settings.instances}
     while True:
         known |= set(await discover_once(state))
+        everyone = {inst.id for inst in state.health.instances()}
         await asyncio.sleep(refresh_s if known >= everyone else retry_s)

@@ -103,25 +103,46 @@ class KvEventConsumer:
         self._trackers = {i: SeqTracker() for i in self.endpoints}
         self._stats = {i: SourceStats(i, e) for i, e in self.endpoints.items()}
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         for instance, endpoint in self.endpoints.items():
-            sock = self._ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 100_000)
-            # Everything, then filter in `handle`: a topic mismatch (vLLM's default topic is
-            # empty) then shows up in the stats instead of as silence.
-            sock.setsockopt_string(zmq.SUBSCRIBE, "")
-            sock.connect(endpoint)  # connects lazily and reconnects on its own
-            task = asyncio.create_task(self._run(instance, sock), name=f"kv-events:{instance}")
-            self._tasks.append(task)
+            self._subscribe(instance, endpoint)
+
+    def _subscribe(self, instance: str, endpoint: str) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        # Everything, then filter in `handle`: a topic mismatch (vLLM's default topic is
+        # empty) then shows up in the stats instead of as silence.
+        sock.setsockopt_string(zmq.SUBSCRIBE, "")
+        sock.connect(endpoint)  # connects lazily and reconnects on its own
+        task = asyncio.create_task(self._run(instance, sock), name=f"kv-events:{instance}")
+        self._tasks[instance] = task
+
+    def add_source(self, instance: str, endpoint: str) -> None:
+        """Consume an instance added at runtime (gateway.fleet)."""
+        self.remove_source(instance)
+        self.endpoints[instance] = endpoint
+        self._trackers[instance] = SeqTracker()
+        self._stats[instance] = SourceStats(instance, endpoint)
+        self._subscribe(instance, endpoint)
+
+    def remove_source(self, instance: str) -> None:
+        """Stop consuming an instance that left the fleet (its socket closes in `_run`)."""
+        task = self._tasks.pop(instance, None)
+        if task is not None:
+            task.cancel()
+        self.endpoints.pop(instance, None)
+        self._stats.pop(instance, None)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
@@ -145,14 +166,17 @@ class KvEventConsumer:
                     self.handle(instance, frames)
                 except Exception:  # never let one message stop the consumer
                     log.exception("kv events from %s: unexpected error, message skipped", instance)
-                    self._stats[instance].malformed += 1
+                    if instance in self._stats:
+                        self._stats[instance].malformed += 1
         finally:
             sock.close(linger=0)
 
     def handle(self, instance: str, frames: list[bytes]) -> None:
         """Process one received message for `instance` (synchronous: index updates are
         in-memory and short)."""
-        stats = self._stats[instance]
+        stats = self._stats.get(instance)
+        if stats is None:  # the instance left the fleet while this message was queued
+            return
         try:
             message = decode_frames(frames)
         except MalformedEventError as exc:
@@ -214,9 +238,8 @@ async def attach(state: AppState) -> None:
     }
     if not cfg.enabled:
         return
-    if not endpoints:
-        log.warning("kv_events.enabled but no instance has a kv_events_endpoint")
-        return
+    if not endpoints:  # instances added at runtime may bring theirs (gateway.fleet)
+        log.warning("kv_events.enabled but no configured instance has a kv_events_endpoint")
     consumer = KvEventConsumer(
         state.router.index,
         endpoints,

@@ -57,11 +57,19 @@ class Prefetcher:
         self._max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
         self.clients: dict[str, TierdLike] = {}
-        cls = tierd_client_class()
-        if cls is not None:
-            for inst in instances:
-                if inst.tierd_url:
-                    self.clients[inst.id] = cls(inst.tierd_url, client=client)
+        self._client = client
+        self._cls = tierd_client_class()
+        for inst in instances:
+            self.add(inst)
+
+    def add(self, inst: InstanceSettings) -> None:
+        """A tierd client for `inst` when it names a tierd (runtime fleet changes too)."""
+        if self._cls is not None and inst.tierd_url:
+            self.clients[inst.id] = self._cls(inst.tierd_url, client=self._client)
+
+    def remove(self, instance_id: str) -> None:
+        # The shared httpx client stays open: it belongs to the app, not to this tierd.
+        self.clients.pop(instance_id, None)
 
     @property
     def available(self) -> bool:

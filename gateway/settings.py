@@ -125,6 +125,14 @@ class TierSettings(BaseModel):
     stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
 
 
+class FleetSettings(BaseModel):
+    """Runtime fleet changes (gateway/fleet.py): how often replicas look for them, and how
+    long a drain waits before trusting that every replica has seen it."""
+
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    drain_grace_s: float = Field(default=2.0, ge=0)
+
+
 class Settings(BaseSettings):
     """Everything the gateway needs; see README 'Configuration'."""
 
@@ -145,6 +153,7 @@ class Settings(BaseSettings):
     state: StateSettings = Field(default_factory=StateSettings)
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True

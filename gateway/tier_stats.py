@@ -51,7 +51,7 @@ def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
 
 async def poll_once(state: AppState) -> None:
     setter = getattr(state.router.policy, "set_bandwidths", None)
-    for instance, client in state.prefetcher.clients.items():
+    for instance, client in list(state.prefetcher.clients.items()):
         try:
             stats = await asyncio.wait_for(client.stats(), timeout=state.settings.health.timeout_s)
         except Exception as exc:
