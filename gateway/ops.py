@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.state import app_state
-from router.state.redact import redact
 
 
 def build_ops_router() -> APIRouter:
@@ -41,7 +40,7 @@ def build_ops_router() -> APIRouter:
         )
         for name, result in zip(names, results, strict=True):
             if isinstance(result, BaseException):
-                checks[name] = {"ok": False, "required": True, "error": redact(repr(result))}
+                checks[name] = {"ok": False, "required": True, "error": repr(result)}
             else:
                 checks[name] = result
         ready = all(bool(c.get("ok")) or not c.get("required", True) for c in checks.values())

@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.procs import free_port
 from tests.support.redis_server import shared_redis_url
+from tests.support.vllm_fleets import FleetSlot
 
 
 @pytest.fixture
@@ -22,3 +23,11 @@ def redis_url() -> Iterator[str]:
     yield url
     if server is not None:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def session_fleets() -> Iterator[FleetSlot]:
+    """The one slot real-vLLM fleets share: at most one fleet (2 engines) alive at a time."""
+    slot = FleetSlot()
+    yield slot
+    slot.release()

@@ -11,6 +11,7 @@ from typing import Any
 
 from tierd import events as ev
 from tierd.events import EventPublisher
+from tierd.kvserver import KvServer
 from tierd.loader import Loader
 from tierd.prefetch import Prefetcher
 from tierd.settings import TierdSettings
@@ -42,6 +43,9 @@ class Daemon:
         self.loader = Loader(self.store)
         self.prefetcher = Prefetcher(self.store, self.loader)
         self.snapshotter = Snapshotter(self.store)
+        self.kv: KvServer | None = None
+        if settings.kv_socket is not None:
+            self.kv = KvServer(self.store, self.loader, settings.kv_socket)
         self._background: set[asyncio.Task[Any]] = set()
         self.opening: asyncio.Task[None] | None = None
         self.open_error: str | None = None
@@ -55,6 +59,8 @@ class Daemon:
         self.opening = asyncio.create_task(self.store.open(), name="tierd-open")
         self.opening.add_done_callback(self._opened)
         self._sweeper = asyncio.create_task(self._sweep(), name="tierd-sweep")
+        if self.kv is not None:
+            await self.kv.start()
 
     async def _sweep(self) -> None:
         """End idle dialogues' protection (and snapshot them) even when nothing is put."""
@@ -92,6 +98,8 @@ class Daemon:
             await asyncio.shield(self.opening)
 
     async def close(self) -> None:
+        if self.kv is not None:
+            await self.kv.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -149,4 +157,5 @@ class Daemon:
         out["instance_id"] = self.settings.instance_id
         out["open_error"] = self.open_error
         out["in_flight_transfers"] = self.loader.in_flight
+        out["connector"] = self.kv.stats() if self.kv is not None else None
         return out

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-scale", type=float, help="wall seconds per emulated second (match the engines)"
     )
+    p.add_argument("--kv-socket", type=Path, help="Unix socket for an engine's KV connector")
+    p.add_argument("--kv-namespace", help="refuse connectors of another model/dtype/hashing")
+    p.add_argument("--engine-events", help="the engine's KV events (ZMQ), for BlockRemoved")
     p.add_argument("--events-endpoint", help="ZMQ PUB bind address, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--events-topic")
     p.add_argument("--redis-url", help="also XADD events to warmgate:{pool}:events")

@@ -21,7 +21,7 @@ class TierdSettings(BaseSettings):
     # L1: the "HBM" arena (host memory on a machine without a GPU), cut into fixed slots.
     l1_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     slice_bytes: int = Field(default=256 * 1024, gt=0)
-    l1_backend: Literal["auto", "host", "cuda", "hip"] = "auto"
+    l1_backend: Literal["auto", "host", "cuda", "hip", "shm"] = "auto"
     # L2: the (possibly shared) array directory; 0 = no capacity bound of our own.
     array_dir: Path = Path("./tierd-array")
     array_bytes: int = Field(default=0, ge=0)
@@ -43,6 +43,16 @@ class TierdSettings(BaseSettings):
     array_gbps: float | None = None
     snapshot_gbps: float | None = None
     time_scale: float = Field(default=1.0, gt=0)  # wall seconds per emulated second
+    # The KV socket an engine's connector attaches to (`tierd.kvserver`); with it L1 is a
+    # memfd the connector maps. The namespace (model, dtype, block size, hash algorithm,
+    # seed) is adopted from the first connector when unset; others are refused.
+    kv_socket: Path | None = None
+    kv_namespace: str | None = None
+    # Connector saves go to the shared array at once (other instances read them there).
+    connector_write_through: bool = True
+    # The engine's own KV events (ZMQ SUB, e.g. tcp://127.0.0.1:5557): BlockRemoved tells
+    # tierd a block left the engine, so L1's copy passes the gate to the array.
+    engine_events: str | None = None
     # Residency events.
     events_endpoint: str | None = None
     events_topic: str = "kv-events"

@@ -63,7 +63,8 @@ class TieredStore:
         self.emulator = Emulator(
             settings.emulate, settings.array_gbps, settings.snapshot_gbps, settings.time_scale
         )
-        self.l1 = L1Arena(settings.l1_bytes, settings.slice_bytes, settings.l1_backend)
+        backend = "shm" if settings.kv_socket is not None else settings.l1_backend
+        self.l1 = L1Arena(settings.l1_bytes, settings.slice_bytes, backend)
         self.l1_order = LruK(self.history)
         self.array = ArrayDir(settings.array_dir, settings.slice_bytes, fsync=settings.fsync)
         self.array_index: dict[int, SliceMeta | None] = {}

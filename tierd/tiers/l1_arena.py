@@ -2,7 +2,9 @@
 
 The arena is device memory (`DeviceArena`, CUDA or HIP) when a GPU backend of the native
 module is usable and `backend` allows it, else page-aligned host memory (`HostArena`):
-the code path is the same, `copy_batch` moves bytes either way.
+the code path is the same, `copy_batch` moves bytes either way. Backend `shm` is host
+memory in a memfd (`shm_fd`), which tierd hands to an engine's connector over its KV socket
+(`tierd.kvserver`) so KV bytes move between the engine and L1 with one copy and no socket.
 
 A slice occupies one slot (its length may be less than the slot). A slot is reserved
 before its bytes are written and the slice becomes visible only once the copy is done;
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,9 +33,24 @@ class L1Entry:
     pins: int = 0
 
 
-def _copy_each(arena: HostArena | DeviceArena, dst: list[int], payloads: Sequence[Payload]) -> None:
+Arena = HostArena | DeviceArena | mmap.mmap
+
+
+def _copy_each(arena: Arena, dst: list[int], payloads: Sequence[Payload]) -> None:
     for offset, p in zip(dst, payloads, strict=True):
         copy_batch(arena, [offset], p, [0], [len(p)])
+
+
+def shared_arena(nbytes: int) -> tuple[mmap.mmap, int]:
+    """Host memory another process can map: a memfd (no name anywhere, freed when the last
+    process holding it exits, so a killed tierd leaks nothing) and our mapping of it."""
+    fd = os.memfd_create("tierd-l1", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes), fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def make_arena(nbytes: int, backend: str) -> HostArena | DeviceArena:
@@ -55,8 +74,14 @@ class L1Arena:
         self.slots = nbytes // slot_bytes
         if self.slots < 1:
             raise ValueError(f"L1 of {nbytes} bytes holds no slot of {slot_bytes} bytes")
-        self.arena = make_arena(self.slots * slot_bytes, backend)
-        self.backend = self.arena.backend
+        self.shm_fd: int | None = None
+        self.arena: Arena
+        if backend == "shm":
+            self.arena, self.shm_fd = shared_arena(self.slots * slot_bytes)
+            self.backend = "shm"
+        else:
+            self.arena = make_arena(self.slots * slot_bytes, backend)
+            self.backend = self.arena.backend
         self._free: list[int] = list(range(self.slots - 1, -1, -1))
         self._entries: dict[int, L1Entry] = {}
         self.used_bytes = 0
@@ -66,6 +91,9 @@ class L1Arena:
         at shutdown), leave it to the process exit rather than pull memory from under it."""
         with contextlib.suppress(BufferError):
             self.arena.close()
+        if self.shm_fd is not None:
+            os.close(self.shm_fd)
+            self.shm_fd = None
 
     def __contains__(self, h: object) -> bool:
         return h in self._entries
@@ -85,6 +113,13 @@ class L1Arena:
 
     def reserve(self) -> int | None:
         return self._free.pop() if self._free else None
+
+    def view(self, slot: int, length: int) -> memoryview:
+        """The bytes of a slot in place (host arenas only; release the view after use)."""
+        if isinstance(self.arena, DeviceArena):
+            raise TypeError("a device arena has no host view")
+        start = slot * self.slot_bytes
+        return memoryview(self.arena)[start : start + length]
 
     def release(self, slot: int) -> None:
         """Give back a reserved slot that was never committed."""

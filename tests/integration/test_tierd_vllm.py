@@ -1,0 +1,206 @@
+"""tierd's KV connector between two real vLLM engines, each with its own tierd and one
+shared array: engine A computes a prompt, engine B serves it from the array; a corrupt
+slice and a killed tierd never change what B answers."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.engines.models import ensure_tiny_model
+from gateway.engines.tiered import TieredConfig, TieredFleet
+from gateway.engines.vllm_fleet import FleetConfig
+from tests.support.engines import engine_python_or_skip
+from tests.support.vllm_fleets import FleetSlot
+from tierd.slices import HEADER_BYTES, decode_header
+
+pytestmark = pytest.mark.slow
+BLOCK = 128  # vLLM's CPU default
+MODEL = "warmgate-tiny"
+
+
+@pytest.fixture(scope="module")
+def fleet(session_fleets: FleetSlot) -> TieredFleet:
+    python = engine_python_or_skip()
+
+    def build(run_dir: Path) -> TieredFleet:
+        model = ensure_tiny_model(python=python)
+        return TieredFleet(
+            TieredConfig(
+                FleetConfig(
+                    model_dir=model,
+                    engines=2,
+                    run_dir=run_dir,
+                    served_model_name=MODEL,
+                    kv_events=False,
+                    python=python,
+                ),
+                l1_bytes=256 * 1024 * 1024,
+            )
+        )
+
+    f: TieredFleet = session_fleets.get("tierd-connector", build)
+    return f
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 4000) for _ in range(n)]
+
+
+def complete(url: str, ids: list[int], salt: str | None = None, n: int = 8) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": ids,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    if salt is not None:
+        body["cache_salt"] = salt
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    return {
+        "ids": out["choices"][0]["token_ids"],
+        "cached": (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+    }
+
+
+def external_tokens(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    m = re.search(
+        r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} (\S+)$',
+        text,
+        re.M,
+    )
+    assert m, "vLLM exports no external_kv_transfer count"
+    return float(m.group(1))
+
+
+def wait_until(cond: Callable[[], bool], within_s: float = 30.0) -> None:
+    end = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.1)
+
+
+def array_chain(array_dir: Path, before: set[Path]) -> list[Path]:
+    """The slice files written since `before`, in chain order (parent links)."""
+    files = {p for p in array_dir.glob("??/*.slice")} - before
+    by_parent: dict[int | None, Path] = {}
+    for p in files:
+        with open(p, "rb") as f:
+            meta = decode_header(f.read(HEADER_BYTES))
+        by_parent[meta.parent] = p
+    chain: list[Path] = []
+    parent: int | None = None
+    while parent in by_parent:
+        p = by_parent.pop(parent)
+        chain.append(p)
+        parent = int(p.stem, 16)
+    return chain
+
+
+def computed_on_a(fleet: TieredFleet, ids: list[int]) -> dict[str, Any]:
+    """Engine A computes the prompt cold; returns once its tierd holds every full block in
+    the shared array."""
+    a = fleet.instances[0]
+    written = a.tierd.stats()["connector"].get("write_through_blocks", 0)
+    out = complete(a.engine.url, ids)
+    assert out["cached"] == 0
+    full = (len(ids) - 1) // BLOCK
+    wait_until(
+        lambda: a.tierd.stats()["connector"].get("write_through_blocks", 0) >= written + full
+    )
+    return out
+
+
+def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
+    ids = prompt(101, 2000)
+    full = (len(ids) - 1) // BLOCK * BLOCK  # 1920: every full block below the last token
+    a_out = computed_on_a(fleet, ids)
+    b = fleet.instances[1]
+    ext0 = external_tokens(b.engine.url)
+    served = complete(b.engine.url, ids)
+    assert served["cached"] == full
+    assert external_tokens(b.engine.url) - ext0 == full
+    recompute = complete(b.engine.url, ids, salt=f"recompute-{uuid.uuid4()}")
+    assert recompute["cached"] == 0
+    assert served["ids"] == recompute["ids"]
+    assert a_out["ids"] == recompute["ids"]
+    stats = b.stats()
+    assert stats["loaded_blocks"] >= full // BLOCK
+    assert stats["lookup_rtt_samples"] >= 1
+
+
+def test_a_partial_prefix_hit_loads_the_shared_part_only(fleet: TieredFleet) -> None:
+    shared = prompt(202, 1024)
+    computed_on_a(fleet, [*shared, *prompt(203, 300)])
+    b = fleet.instances[1]
+    other = [*shared, *prompt(204, 700)]  # same first 8 blocks, then different
+    served = complete(b.engine.url, other)
+    assert served["cached"] == len(shared)
+    recompute = complete(b.engine.url, other, salt=f"recompute-{uuid.uuid4()}")
+    assert served["ids"] == recompute["ids"]
+
+
+def test_a_corrupt_slice_is_recomputed_not_served(fleet: TieredFleet) -> None:
+    b = fleet.instances[1]
+    ids = prompt(303, 1500)
+    before = set(fleet.array_dir.glob("??/*.slice"))
+    computed_on_a(fleet, ids)
+    chain = array_chain(fleet.array_dir, before)
+    assert len(chain) == (len(ids) - 1) // BLOCK
+    victim = chain[3]
+    raw = bytearray(victim.read_bytes())
+    for i in range(HEADER_BYTES + 100, len(raw), 4096):
+        raw[i] ^= 0x5A  # payload damage: the header stays valid, the crc does not
+    victim.write_bytes(bytes(raw))
+    corrupt0 = b.tierd.stats()["corrupt"].get("array", 0)
+    failed0 = b.stats().get("load_failed_blocks", 0)
+    served = complete(b.engine.url, ids)
+    recompute = complete(b.engine.url, ids, salt=f"recompute-{uuid.uuid4()}")
+    assert served["ids"] == recompute["ids"]
+    assert b.tierd.stats()["corrupt"]["array"] == corrupt0 + 1
+    assert not victim.exists()
+    assert any(p.name.startswith(victim.name) for p in (fleet.array_dir / "quarantine").iterdir())
+    wait_until(lambda: b.stats().get("load_failed_blocks", 0) > failed0)
+
+
+def test_tierd_killed_mid_run_loses_no_request(fleet: TieredFleet) -> None:
+    a, b = fleet.instances
+    warm = [prompt(400 + i, 1100) for i in range(3)]
+    expected = [computed_on_a(fleet, ids)["ids"] for ids in warm]
+    cold = [prompt(500 + i, 900) for i in range(3)]
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, b.engine.url, ids) for ids in [*warm, *cold]]
+        time.sleep(0.3)
+        b.tierd.kill()
+        results = [f.result() for f in futures]
+    assert [r["ids"] for r in results[:3]] == expected
+    for ids, r in zip(cold, results[3:], strict=True):
+        assert r["ids"] == complete(a.engine.url, ids)["ids"]
+    # with tierd gone the engine serves (and recomputes) everything new
+    lone = prompt(600, 700)
+    alone = complete(b.engine.url, lone)
+    assert alone["cached"] == 0
+    assert b.stats().get("link_failures", 0) + b.stats().get("lookup_unavailable", 0) >= 1
+    # a new tierd on the same socket: the connector attaches again and loads from the array
+    b.tierd.start()
+    again = prompt(700, 1100)
+    want = computed_on_a(fleet, again)
+    time.sleep(1.2)  # the connector retries a lost link at most once a second
+    got = complete(b.engine.url, again)
+    assert got["ids"] == want["ids"]
+    assert got["cached"] == (len(again) - 1) // BLOCK * BLOCK

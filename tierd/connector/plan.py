@@ -1,0 +1,77 @@
+"""The scheduler side's bookkeeping, free of vLLM types: which blocks of a request to load
+from tierd and which newly computed full blocks to save, step by step.
+
+Block i of a request covers tokens [i*B, (i+1)*B). Its key is vLLM's own block hash
+(`request.block_hashes[i]`) as the unsigned 64-bit int vLLM's KV events carry (the low 64
+bits, big-endian), so tierd's slices, the engine's events and the router's index share one
+key space. Only full blocks travel; the hit leaves at least one prompt token to compute.
+
+- Lookup: from the first block vLLM's own prefix cache lacks, up to the cap, tierd says
+  how long a run it holds; that run is loaded.
+- Saves: a block is saved in the step that completes it (prefill chunks and decode
+  alike), unless it was already computed before this request (a local or external hit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+U64 = (1 << 64) - 1
+
+
+def block_key(block_hash: bytes | int) -> int:
+    """vLLM's block hash as the int its KV events carry."""
+    if isinstance(block_hash, int):
+        return block_hash & U64
+    return int.from_bytes(block_hash, "big") & U64
+
+
+@dataclass
+class ReqPlan:
+    """One request's state on the scheduler side."""
+
+    req_id: str
+    local_blocks: int = 0  # leading blocks vLLM's own prefix cache had
+    ext_blocks: int = 0  # blocks tierd supplies after them
+    tiers: dict[str, int] = field(default_factory=dict)  # where tierd holds them
+    block_ids: list[int] = field(default_factory=list)
+    saved_upto: int = 0  # blocks before this index are in the engine or tierd already
+    loading: bool = False
+
+
+def lookup_window(num_tokens: int, num_computed: int, block_size: int) -> tuple[int, int]:
+    """Blocks [start, stop) worth asking tierd for: past the local hit, full blocks only,
+    at least one token left to compute."""
+    stop = max(0, (num_tokens - 1) // block_size)
+    start = num_computed // block_size
+    return start, max(start, stop)
+
+
+def load_pairs(
+    plan: ReqPlan, keys: Sequence[int], block_ids: Sequence[int], n_blocks: int
+) -> list[tuple[int, int]]:
+    """(key, engine block id) of the blocks to load, right after the local hit."""
+    lo = plan.local_blocks
+    return [(keys[lo + i], block_ids[lo + i]) for i in range(n_blocks)]
+
+
+def due_saves(
+    plan: ReqPlan, keys: Sequence[int], computed_after_step: int, block_size: int
+) -> list[tuple[int, int, int | None]]:
+    """(key, block id, parent key) of the blocks this step completes; advances the plan."""
+    end = min(computed_after_step // block_size, len(keys), len(plan.block_ids))
+    out = [
+        (keys[i], plan.block_ids[i], keys[i - 1] if i > 0 else None)
+        for i in range(plan.saved_upto, end)
+    ]
+    plan.saved_upto = max(plan.saved_upto, end)
+    return out
+
+
+def hit_sources(plan: ReqPlan, num_external_tokens: int, block_size: int) -> dict[str, int]:
+    """Split an external hit by medium: tierd's host memory (L1) first, the rest from the
+    array or snapshots (disk). Sums to `num_external_tokens`."""
+    host = min(num_external_tokens, plan.tiers.get("GPU", 0) * block_size)
+    out = {"host": host, "disk": num_external_tokens - host}
+    return {k: v for k, v in out.items() if v > 0}

@@ -1,0 +1,302 @@
+"""`TierdConnector`: vLLM's v1 KV connector backed by the tierd beside the engine.
+
+Scheduler side (EngineCore process): for a new request, asks tierd (one round trip on the
+KV socket) how many leading blocks past vLLM's own prefix cache it holds, keyed by
+`request.block_hashes`; records which engine blocks to fill and which newly completed
+blocks to save each step (`tierd.connector.plan`). Worker side: loads before the forward
+pass (or, with ``"load": "async"``, in a thread while the request waits in
+WAITING_FOR_REMOTE_KVS), saves after it by one copy into reserved L1 slots and a one-way
+commit (tierd checksums and writes through to the shared array on its own time). Any
+failure — a slice missing, corrupt, or tierd gone — is reported as failed blocks, and with
+``kv_load_failure_policy: recompute`` vLLM recomputes them; nothing is ever guessed.
+
+Extra config: ``socket`` (tierd's KV socket, required), ``load`` (``sync`` | ``async``),
+``stats_dir`` (JSON counters: ``scheduler-<pid>.json``, ``worker-<pid>.json``),
+``namespace`` (override; default: model, dtype, block size, hash algorithm, hash seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from tierd.connector import plan as P
+from tierd.connector.worker import BlockMover, Link, log, write_stats
+from tierd.kvwire import KvSocketError
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+RTT_SAMPLES = 2048
+SOURCES = {"host": CacheHitSource.HOST, "disk": CacheHitSource.DISK}
+
+
+@dataclass
+class TierdConnectorMeta(KVConnectorMetadata):
+    """One step's work for the workers."""
+
+    loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    saves: list[tuple[int, int, int | None]] = field(default_factory=list)
+
+
+def namespace_of(vllm_config: VllmConfig) -> str:
+    """What must agree for two engines' block hashes and KV bytes to mean the same thing."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    parts = [
+        str(mc.model),
+        str(mc.dtype),
+        str(cc.block_size),
+        str(cc.cache_dtype),
+        str(cc.prefix_caching_hash_algo),
+        os.environ.get("PYTHONHASHSEED", "unset"),
+    ]
+    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return f"{Path(str(mc.model)).name}-b{cc.block_size}-{digest}"
+
+
+class TierdConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is a future miss
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.socket = str(extra["socket"])
+        self.async_load = str(extra.get("load", "sync")) == "async"
+        self.namespace = str(extra.get("namespace") or namespace_of(vllm_config))
+        self.block_size = int(vllm_config.cache_config.block_size)
+        stats_dir = extra.get("stats_dir")
+        side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        self.stats_file = Path(stats_dir) / f"{side}-{os.getpid()}.json" if stats_dir else None
+        if self.stats_file is not None:
+            self.stats_file.parent.mkdir(parents=True, exist_ok=True)
+        self.counters: Counter[str] = Counter()
+        # scheduler side
+        self._reqs: dict[str, Request] = {}
+        self._plans: dict[str, P.ReqPlan] = {}
+        self._keys: dict[str, list[int]] = {}
+        self._pending: dict[str, list[tuple[int, int]]] = {}
+        self._rtt_us: deque[float] = deque(maxlen=RTT_SAMPLES)
+        self.link = Link(self.socket, self.namespace, side, self.counters)
+        # worker side
+        self.mover: BlockMover | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._recving: dict[str, tuple[Future[set[int]], list[int]]] = {}
+        self._errors: set[int] = set()
+        log.info("tierd connector (%s) namespace %s via %s", side, self.namespace, self.socket)
+
+    # ==== scheduler side ====================================================================
+
+    def _keys_of(self, request: Request) -> list[int]:
+        keys = self._keys.setdefault(request.request_id, [])
+        hashes = request.block_hashes
+        if len(keys) < len(hashes):
+            keys.extend(P.block_key(h) for h in hashes[len(keys) :])
+        return keys
+
+    def on_new_request(self, request: Request) -> None:
+        self._reqs[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        rid = request.request_id
+        self._reqs[rid] = request
+        plan = self._plans.get(rid)
+        if plan is not None and plan.loading:
+            return 0, False
+        keys = self._keys_of(request)
+        start, stop = P.lookup_window(request.num_tokens, num_computed_tokens, self.block_size)
+        plan = P.ReqPlan(rid, local_blocks=start, saved_upto=start)
+        self._plans[rid] = plan
+        if stop <= start or request.skip_reading_prefix_cache:
+            return 0, False
+        if self.link.get() is None:
+            self.counters["lookup_unavailable"] += 1
+            return 0, False
+        t0 = time.perf_counter()
+        try:
+            _, answer = self.link.call({"op": "lookup", "hashes": keys[start:stop]})
+        except KvSocketError:
+            self.counters["lookup_errors"] += 1
+            return 0, False
+        self._rtt_us.append((time.perf_counter() - t0) * 1e6)
+        n = int(answer["n"])
+        plan.ext_blocks, plan.tiers = n, dict(answer.get("tiers") or {})
+        self.counters["lookups"] += 1
+        self.counters["lookup_hit_blocks"] += n
+        if len(self._rtt_us) % 64 == 0:
+            self._write_stats()
+        return n * self.block_size, self.async_load and n > 0
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        plan = self._plans.get(request.request_id)
+        if plan is None or num_external_tokens == 0:
+            return {}
+        split = P.hit_sources(plan, num_external_tokens, self.block_size)
+        return {SOURCES[k]: v for k, v in split.items()}
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        plan = self._plans.get(request.request_id)
+        if plan is None or num_external_tokens == 0 or plan.loading:
+            return
+        n = num_external_tokens // self.block_size
+        block_ids = blocks.get_block_ids()[0]
+        self._pending[request.request_id] = P.load_pairs(plan, self._keys_of(request), block_ids, n)
+        plan.ext_blocks = n
+        plan.saved_upto = plan.local_blocks + n
+        plan.loading = self.async_load
+        self.counters["load_requests"] += 1
+        self.counters["load_planned_blocks"] += n
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = TierdConnectorMeta(loads=list(self._pending.items()))
+        self._pending.clear()
+        so = scheduler_output
+        for nr in so.scheduled_new_reqs:
+            plan = self._plans.get(nr.req_id)
+            req = self._reqs.get(nr.req_id)
+            if plan is None or req is None:
+                continue
+            plan.loading = False
+            plan.block_ids = list(nr.block_ids[0])
+            plan.saved_upto = max(plan.saved_upto, nr.num_computed_tokens // self.block_size)
+            done = nr.num_computed_tokens + so.num_scheduled_tokens.get(nr.req_id, 0)
+            meta.saves += P.due_saves(plan, self._keys_of(req), done, self.block_size)
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            plan = self._plans.get(rid)
+            req = self._reqs.get(rid)
+            if plan is None or req is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                plan.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                plan.block_ids.extend(new_ids[0])
+            done = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(rid, 0)
+            meta.saves += P.due_saves(plan, self._keys_of(req), done, self.block_size)
+        self.counters["save_planned_blocks"] += len(meta.saves)
+        return meta
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        for d in (self._reqs, self._plans, self._keys, self._pending):
+            d.pop(rid, None)
+        return False, None
+
+    def _write_stats(self) -> None:
+        if self.stats_file is None:
+            return
+        out = Counter(self.counters)
+        if self._rtt_us:
+            ordered = sorted(self._rtt_us)
+            out["lookup_rtt_p50_us"] = int(ordered[len(ordered) // 2])
+            out["lookup_rtt_p99_us"] = int(ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)])
+            out["lookup_rtt_samples"] = len(ordered)
+        write_stats(self.stats_file, out)
+
+    def take_events(self) -> Any:
+        self._write_stats()  # once per engine step: cheap, and the counters stay current
+        return ()
+
+    # ==== worker side =======================================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.mover = BlockMover(
+            kv_caches,
+            self._kv_cache_config.num_blocks,
+            self.socket,
+            self.namespace,
+            self.counters,
+            str(self.stats_file) if self.stats_file else None,
+        )
+        if self.async_load:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-load")
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TierdConnectorMeta)
+        if self.mover is None:
+            return
+        for rid, pairs in meta.loads:
+            if self._pool is not None:
+                ids = [b for _, b in pairs]
+                self._recving[rid] = (self._pool.submit(self.mover.load, pairs), ids)
+            else:
+                self._errors |= self.mover.load(pairs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return  # whole blocks of all layers are saved after the forward pass
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TierdConnectorMeta)
+        if self.mover is not None and meta.saves:
+            self.mover.save(meta.saves, self.block_size)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done: set[str] = set()
+        for rid, (fut, ids) in list(self._recving.items()):
+            if not fut.done():
+                continue
+            try:
+                self._errors |= fut.result()
+            except Exception as exc:  # a bug in the copy: fail safe, recompute
+                log.warning("tierd load for %s failed: %r", rid, exc)
+                self._errors |= set(ids)
+            del self._recving[rid]
+            done.add(rid)
+        return None, done or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self.mover is not None:
+            self.mover.close()
+        self._write_stats()
+        self.link.close()
