@@ -93,15 +93,19 @@ def build_admin_router() -> APIRouter:
 
     # GET as the issue names it (a body on GET is legal, if unusual), POST for clients that
     # will not send one
-    @router.api_route("/route/explain", methods=["GET", "POST"])
+    @router.get("/route/explain", operation_id="route_explain_get")
+    @router.post("/route/explain", operation_id="route_explain_post")
     async def explain(request: Request) -> JSONResponse:
         state = app_state(request)
-        body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+        settings = state.settings
+        raw = await read_body(request, settings.max_body_bytes, settings.server.body_timeout_s)
+        limits = settings.request_limits
+        body = parse_json_object(raw, limits)
         session_header = request.headers.get("x-session-id")
         parsed = (
-            parse_completion(body, session_header)
+            parse_completion(body, session_header, limits=limits)
             if "prompt" in body and "messages" not in body
-            else parse_chat(body, session_header)
+            else parse_chat(body, session_header, limits=limits)
         )
         if parsed.model not in state.health.known_models():
             raise model_not_found(parsed.model)

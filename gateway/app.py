@@ -19,7 +19,6 @@ import httpx
 from fastapi import Depends, FastAPI
 
 from gateway.admin import build_admin_router
-from gateway.auth import require_api_key
 from gateway.errors import install_error_handlers
 from gateway.fastpath import GatewayApp
 from gateway.fleet_api import build_fleet_router
@@ -31,7 +30,9 @@ from gateway.middleware import RequestIdMiddleware
 from gateway.openai_api import add_completion_routes, build_openai_router
 from gateway.ops import build_ops_router
 from gateway.prefetch import Prefetcher
+from gateway.roles import require_admin, require_client
 from gateway.routing import build_router
+from gateway.schema import install_openapi
 from gateway.settings import Settings, load_settings
 from gateway.state import AppState
 from gateway.stats import GatewayStats
@@ -141,13 +142,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
+    install_openapi(app, settings.request_limits)
     install_error_handlers(app)
     add_completion_routes(app)
-    app.include_router(build_openai_router(), dependencies=[Depends(require_api_key)])
-    app.include_router(build_admin_router(), dependencies=[Depends(require_api_key)])
-    app.include_router(build_fleet_router(), dependencies=[Depends(require_api_key)])
+    app.include_router(build_openai_router(), dependencies=[Depends(require_client)])
+    app.include_router(build_admin_router(), dependencies=[Depends(require_admin)])
+    app.include_router(build_fleet_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_ops_router())
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("up", None): ("gateway.up:main", "start simulated engines + tierds + the gateway"),
     ("serve", None): ("gateway.serve:main", "serve the gateway for configured instances"),
+    ("admin", None): ("gateway.admin_cli:main", "the admin API: instances, stats, drain, ..."),
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
     ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
     ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),

@@ -9,8 +9,9 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("warmgate.errors")
 
@@ -39,8 +40,13 @@ class OpenAIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # ASCII JSON: a message quoting the client's input (a lone surrogate in a model name)
+        # must still encode
+        content = json.dumps(self.body()).encode()
+        return Response(
+            content, status_code=self.status, headers=self.headers, media_type="application/json"
+        )
 
 
 def error_body(
@@ -127,14 +133,21 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error: %r", exc)
+        # uvicorn drops the connection after an exception reaches it: say so, or a pooled
+        # client reuses it and its next request fails with a reset
         return OpenAIError(
             500,
             "Internal error in the gateway.",
             type="server_error",
             code="internal_error",
-            headers={"x-should-retry": "false"},
+            headers={"x-should-retry": "false", "connection": "close"},
         ).response()
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        log.info("client went away before its request was read")
+        return Response(status_code=499)  # never reaches the client; the access log says 499
+
     app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

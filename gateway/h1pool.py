@@ -22,6 +22,7 @@ response streamed back) in one write and one parser callback per read. Other ups
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamConnectError(UpstreamError):
     pass
+
+
+class UpstreamLocalError(UpstreamError):
+    """The gateway itself ran out (file descriptors, buffers): no fault of the engine's."""
+
+
+_LOCAL_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class UpstreamReadError(UpstreamError):
@@ -386,6 +394,8 @@ class H1Pool:
             ) from None
         except OSError as exc:
             self._forget(None)
+            if exc.errno in _LOCAL_ERRNOS:
+                raise UpstreamLocalError(f"connect failed here: {exc}") from None
             raise UpstreamConnectError(f"connect failed: {exc}") from None
         except BaseException:
             self._forget(None)

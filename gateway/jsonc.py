@@ -25,7 +25,11 @@ def decode(data: bytes | str) -> tuple[Any, bool]:
     try:
         return orjson.loads(data), True
     except orjson.JSONDecodeError:
+        pass
+    try:
         return json.loads(data), False  # NaN, lone surrogates; or the stdlib's own error
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
 
 
 def decode_exact(raw: bytes) -> tuple[Any, bool]:

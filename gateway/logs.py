@@ -11,10 +11,20 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
+from router.state.redact import redact
+
 # A ContextVar is per-task by construction: each request sees only its own id.
 REQUEST_ID: ContextVar[str | None] = ContextVar("warmgate_request_id", default=None)
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+MAX_FIELD_CHARS = 512  # a client-chosen string (a session key) is cut to this in a log line
+MAX_MESSAGE_CHARS = 8192
+
+
+def clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text)} chars)"
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,16 +36,16 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(clip(record.getMessage(), MAX_MESSAGE_CHARS)),
         }
         request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
         if request_id:
             out["request_id"] = request_id
         for key, value in vars(record).items():
             if key not in _STANDARD and key != "request_id" and not key.startswith("_"):
-                out[key] = value
+                out[key] = redact(clip(value, MAX_FIELD_CHARS)) if isinstance(value, str) else value
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(out, default=str)
 
 

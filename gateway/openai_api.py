@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.auth import require_api_key
 from gateway.errors import OpenAIError
 from gateway.fastpath import GatewayApp
 from gateway.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.proxy import proxy_completion
+from gateway.roles import require_client
 from gateway.state import AppState, app_state
 
 _PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -29,11 +29,13 @@ async def _serve(request: Request, kind: Kind) -> Response:
     state = app_state(request)
     request_id = str(request.state.request_id)
     try:
-        raw = await read_body(request, state.settings.max_body_bytes)
-        body, fast_json = decode_json_object(raw)
+        settings = state.settings
+        raw = await read_body(request, settings.max_body_bytes, settings.server.body_timeout_s)
+        limits = settings.request_limits
+        body, fast_json = decode_json_object(raw, limits)
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
-        parsed = parse(body, session_header, raw, fast_json)
+        parsed = parse(body, session_header, raw, fast_json, limits)
         return await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
     except OpenAIError as err:
         _count_refusal(state, err)
@@ -51,7 +53,7 @@ def _count_refusal(state: AppState, err: OpenAIError) -> None:
 
 def _endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        await require_api_key(request)
+        await require_client(request)
         return await _serve(request, kind)
 
     return endpoint

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.state import app_state
+from router.state.redact import redact
 
 
 def build_ops_router() -> APIRouter:
@@ -40,7 +41,7 @@ def build_ops_router() -> APIRouter:
         )
         for name, result in zip(names, results, strict=True):
             if isinstance(result, BaseException):
-                checks[name] = {"ok": False, "required": True, "error": repr(result)}
+                checks[name] = {"ok": False, "required": True, "error": redact(repr(result))}
             else:
                 checks[name] = result
         ready = all(bool(c.get("ok")) or not c.get("required", True) for c in checks.values())

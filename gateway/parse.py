@@ -6,13 +6,16 @@ own bytes when nothing needs to change) and the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.requests import Request
 
-from gateway.errors import bad_request, body_too_large
+from gateway.errors import OpenAIError, bad_request, body_too_large
+from gateway.guard_settings import RequestLimits
+from gateway.json_guard import check_shape
 from gateway.jsonc import decode_exact, encode
 from gateway.settings import RoutingSettings
 from router.blocks import chain_seed, hash_blocks, render_chat, render_prompt
@@ -38,14 +41,37 @@ class ParsedRequest:
     fast_json: bool = True  # no NaN/Infinity in it: orjson may re-encode it
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes."""
+DEFAULT_LIMITS = RequestLimits()
+
+
+def body_timeout(timeout_s: float) -> OpenAIError:
+    # the client may still be sending: the connection cannot be reused
+    return OpenAIError(
+        408,
+        f"The request body did not arrive in time (nothing for {timeout_s:g} s).",
+        code="request_timeout",
+        headers={"connection": "close"},
+    )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes and with 408
+    when a piece takes longer than `timeout_s` (a body shorter than its Content-Length, a
+    slow sender). A client that goes away raises starlette's `ClientDisconnect`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise body_too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    pieces = request.stream()
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                chunk = await anext(pieces)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise body_timeout(timeout_s) from None
         size += len(chunk)
         if size > limit:
             raise body_too_large(limit)
@@ -53,21 +79,31 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def decode_json_object(raw: bytes) -> tuple[dict[str, Any], bool]:
-    """(body, fast_json) of a request body that must be a JSON object."""
+def decode_json_object(
+    raw: bytes, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], bool]:
+    """(body, fast_json) of a request body that must be a JSON object, no deeper than
+    `limits.max_json_depth` and holding no lone surrogate (gateway/json_guard.py)."""
     if not raw.strip():
         raise bad_request("The request body is empty; a JSON object was expected.")
     try:
         body, fast = decode_exact(raw)
+    except RecursionError:
+        raise too_deep(limits.max_json_depth) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    check_shape(raw, body, limits.max_json_depth)
     return body, fast
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    return decode_json_object(raw)[0]
+def too_deep(limit: int) -> OpenAIError:
+    return bad_request(f"The request body nests deeper than {limit} levels.", code="json_too_deep")
+
+
+def parse_json_object(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    return decode_json_object(raw, limits)[0]
 
 
 def _opt_int(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
@@ -88,7 +124,9 @@ def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
-def _common(body: dict[str, Any], session_header: str | None) -> dict[str, Any]:
+def _common(
+    body: dict[str, Any], session_header: str | None, limits: RequestLimits
+) -> dict[str, Any]:
     model = body.get("model")
     if model is None:
         raise bad_request("You must provide a model parameter.", param="model")
@@ -125,6 +163,19 @@ def _common(body: dict[str, Any], session_header: str | None) -> dict[str, Any]:
         value = body.get(number)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise bad_request(f"`{number}` must be a number.", param=number)
+    cap = limits.max_session_key_chars
+    if max_tokens is not None and max_tokens > limits.max_max_tokens:
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        raise bad_request(f"`{name}` must be at most {limits.max_max_tokens}.", param=name)
+    for name, value in (
+        ("prompt_cache_key", _opt_str(body, "prompt_cache_key")),
+        ("user", _opt_str(body, "user")),
+        ("x-session-id", session_header),
+    ):
+        if value is not None and len(value) > cap:
+            raise bad_request(
+                f"`{name}` is longer than {cap} characters.", param=name, code="string_too_long"
+            )
     session = _opt_str(body, "prompt_cache_key") or _opt_str(body, "user") or session_header
     return {
         "model": model,
@@ -137,14 +188,22 @@ def _common(body: dict[str, Any], session_header: str | None) -> dict[str, Any]:
 
 
 def parse_chat(
-    body: dict[str, Any], session_header: str | None, raw: bytes = b"", fast_json: bool = True
+    body: dict[str, Any],
+    session_header: str | None,
+    raw: bytes = b"",
+    fast_json: bool = True,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> ParsedRequest:
-    common = _common(body, session_header)
+    common = _common(body, session_header, limits)
     messages = body.get("messages")
     if messages is None:
         raise bad_request("Missing required parameter: 'messages'.", param="messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("`messages` must be a non-empty array.", param="messages")
+    if len(messages) > limits.max_messages:
+        raise bad_request(
+            f"`messages` holds more than {limits.max_messages} messages.", param="messages"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object.", param=f"messages[{i}]")
@@ -163,15 +222,20 @@ def parse_chat(
     if tools is not None and not isinstance(tools, list):
         raise bad_request("`tools` must be an array.", param="tools")
     text = render_chat(messages, tools)
+    _check_prompt_size(text, "messages", limits)
     return ParsedRequest(
         kind="chat", body=body, prompt_text=text, raw=raw, fast_json=fast_json, **common
     )
 
 
 def parse_completion(
-    body: dict[str, Any], session_header: str | None, raw: bytes = b"", fast_json: bool = True
+    body: dict[str, Any],
+    session_header: str | None,
+    raw: bytes = b"",
+    fast_json: bool = True,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> ParsedRequest:
-    common = _common(body, session_header)
+    common = _common(body, session_header, limits)
     prompt = body.get("prompt")
     if prompt is None:
         raise bad_request("Missing required parameter: 'prompt'.", param="prompt")
@@ -180,18 +244,44 @@ def parse_completion(
         and len(prompt) > 0
         and (
             all(isinstance(p, str) for p in prompt)
-            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+            or all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 <= p < MAX_TOKEN_ID
+                for p in prompt
+            )
         )
     )
     if not valid:
         raise bad_request(
-            "`prompt` must be a string, an array of strings or an array of token ids.",
+            "`prompt` must be a string, an array of strings or an array of token ids "
+            f"(integers 0 <= id < {MAX_TOKEN_ID}).",
             param="prompt",
         )
     text = render_prompt(prompt)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        if len(prompt) > limits.max_prompt_tokens:
+            raise _prompt_too_long("prompt", limits)
+    else:
+        _check_prompt_size(text, "prompt", limits)
     return ParsedRequest(
         kind="completion", body=body, prompt_text=text, raw=raw, fast_json=fast_json, **common
     )
+
+
+MAX_TOKEN_ID = 2**31  # no vocabulary comes near; larger ids only make engines fail
+
+
+def _prompt_too_long(param: str, limits: RequestLimits) -> OpenAIError:
+    return bad_request(
+        f"The prompt is longer than {limits.max_prompt_tokens} tokens.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def _check_prompt_size(text: str, param: str, limits: RequestLimits) -> None:
+    # an estimate (4 characters a token) that never needs the tokenizer
+    if len(text) > 4 * limits.max_prompt_tokens:
+        raise _prompt_too_long(param, limits)
 
 
 def upstream_body(parsed: ParsedRequest, stream_upstream: bool = False) -> bytes:

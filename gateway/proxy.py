@@ -29,8 +29,9 @@ from gateway.errors import (
     no_healthy_instance,
 )
 from gateway.exchange import Exchange
-from gateway.h1pool import UpstreamError, UpstreamTimeout
+from gateway.h1pool import UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.parse import ParsedRequest, upstream_body
+from gateway.roles import access_of
 from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
 from gateway.upstream import AttemptFailed, assemble, stream, whole
@@ -103,8 +104,9 @@ async def proxy_completion(
     order = [decision.instance, *(f for f in decision.fallbacks if f in allowed)]
     order = list(dict.fromkeys(order))
     body = upstream_body(parsed, state.settings.stream_upstream)
-    headers = _request_headers(request, request_id, forward_auth=not state.settings.api_keys)
+    headers = _request_headers(request, request_id, forward_auth=not access_of(state).any_keys)
     last: AttemptFailed | None = None
+    request_faults = 0
     state.metrics.in_flight.inc()
     for attempt, instance in enumerate(order):
         if attempt:
@@ -117,6 +119,14 @@ async def proxy_completion(
         except AttemptFailed as failed:
             ex.attempt_failed(instance, failed.kind, str(failed))
             last = failed
+            if _request_fault(failed):
+                request_faults += 1
+                if request_faults >= POISON_AFTER:
+                    log.warning(
+                        "%d instances failed this request with an internal error: not retried",
+                        request_faults,
+                    )
+                    break
         except ClientDisconnected:
             ex.complete(instance, "cancelled", ok=False)
             return Response(status_code=499)
@@ -133,15 +143,29 @@ async def proxy_completion(
                 for k, v in upstream_headers.items()
                 if k in ("retry-after", "retry-after-ms", "x-should-retry")
             }
-            if status in (502, 503, 504):
+            if status in (502, 503, 504, 429):
                 keep.setdefault("x-should-retry", "true")
+            elif request_faults >= POISON_AFTER:
+                keep["x-should-retry"] = "false"  # the request, not the fleet: never again
             return Response(
                 content, status_code=status, media_type="application/json", headers=keep
             )
     raise bad_gateway(
         f"Every instance that serves `{parsed.model}` failed ({len(order)} tried); last: {last}",
-        should_retry=True,
+        should_retry=request_faults < POISON_AFTER,
     )
+
+
+# A 500 from two different instances says the request is at fault (an engine answering 500
+# to everything fails its health checks and leaves the set): stop there, and tell the client
+# not to retry (one SDK call once cost nine engine 500s).
+POISON_AFTER = 2
+
+
+def _request_fault(failed: AttemptFailed) -> bool:
+    if failed.kind != "status_5xx" or failed.response is None:
+        return False
+    return failed.response[0] not in (502, 503, 504)
 
 
 async def _attempt(
@@ -158,6 +182,8 @@ async def _attempt(
         resp = await race_disconnect(request, state.upstream.post(target, headers, body))
     except UpstreamTimeout as exc:
         raise AttemptFailed("timeout", f"{instance}: {type(exc).__name__}: {exc}") from None
+    except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
+        raise AttemptFailed("local", f"{instance}: {exc}") from None
     except UpstreamError as exc:
         state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
         raise AttemptFailed("connect", f"{instance}: {type(exc).__name__}: {exc}") from None

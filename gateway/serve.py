@@ -6,16 +6,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
 
 from gateway.app import create_app
+from gateway.listener import serve
 from gateway.logs import configure_logging, logging_config
+from gateway.roles import Access, is_loopback
 from gateway.settings import Settings, load_settings
+
+log = logging.getLogger("warmgate.serve")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -55,15 +59,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=logging_config(settings.log_level),
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    for warning in exposure_warnings(settings):
+        log.warning(warning)
+    serve(create_app(settings), settings, logging_config(settings.log_level))
     return 0
+
+
+def exposure_warnings(settings: Settings) -> list[str]:
+    """What a public bind leaves open (said at start, never silently)."""
+    if is_loopback(settings.host):
+        return []
+    out: list[str] = []
+    access = Access(settings)
+    where = f"{settings.host}:{settings.port}"
+    if not access.clients and not access.admins:
+        out.append(f"no API keys: the OpenAI API on {where} is open to anyone who reaches it")
+    if not access.admins:
+        admin = settings.auth
+        out.append(
+            f"no admin keys: the admin API is not served on {where}"
+            + (
+                f"; it is on {admin.admin_host}:{admin.admin_port}"
+                if admin.admin_port is not None
+                else " (set auth.admin_keys or auth.admin_port)"
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.guard_settings import AuthSettings, RequestLimits, ServerLimits
+
 
 class InstanceSettings(BaseModel):
     """One inference instance behind the gateway."""
@@ -82,6 +84,11 @@ class TimeoutSettings(BaseModel):
     pool_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=1000, ge=1)
     max_keepalive: int = Field(default=200, ge=0)
+    # Per request: an engine that sends nothing for this long after the request (headers and
+    # first chunk) is treated as failed and the request fails over; a stream silent this long
+    # between two chunks is cut (then continued elsewhere, or ended with an error event).
+    first_byte_s: float = Field(default=60.0, gt=0)
+    stall_s: float = Field(default=30.0, gt=0)
 
 
 class HealthSettings(BaseModel):
@@ -157,7 +164,13 @@ class Settings(BaseSettings):
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True
-    api_keys: list[str] = Field(default_factory=list)  # empty: no authentication
+    api_keys: list[str] = Field(default_factory=list)  # client keys (as auth.client_keys)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    request_limits: RequestLimits = Field(default_factory=RequestLimits)
+    server: ServerLimits = Field(default_factory=ServerLimits)
+    # A stream whose engine fails after its first byte goes on on the next instance (the
+    # prompt plus the text sent so far); off: it ends with an error event.
+    continue_streams: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     retry_after_s: int = Field(default=1, ge=0)  # Retry-After on 503 (no healthy instance)
     stats_window_s: float = Field(default=300.0, gt=0)  # TTFT percentiles over this window

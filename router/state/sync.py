@@ -37,6 +37,7 @@ from router.state.base import (
     StateUnavailableError,
     stream_id_key,
 )
+from router.state.redact import redact
 from router.state.residency import Residency
 
 log = logging.getLogger("warmgate.state")
@@ -111,6 +112,7 @@ class StateSync:
         return result
 
     def _mark_down(self, why: str) -> None:
+        why = redact(why)  # connection errors may quote the URL, password and all
         self.last_error = why
         if self.up:
             log.warning("shared state unavailable (%s): routing from local state", why)
