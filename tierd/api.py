@@ -60,6 +60,9 @@ def _parse_hash(text: str) -> int | None:
     return value if 0 <= value <= U64 else None
 
 
+DEGRADED_FOR_S = 60.0  # /readyz says degraded this long after an evicted slice was lost
+
+
 def create_app(settings: TierdSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,7 +89,16 @@ def create_app(settings: TierdSettings) -> FastAPI:
     async def readyz(request: Request) -> JSONResponse:
         d = daemon_of(request)
         ready = d.store.ready
-        body = {"ready": ready, "error": d.open_error}
+        body: dict[str, Any] = {"ready": ready, "error": d.open_error}
+        # still serving (L1, reads) but losing what it evicts: ready, and says it is degraded
+        last = d.store.last_drop_at
+        recent = last is not None and d.store.clock() - last < DEGRADED_FOR_S
+        body["degraded"] = recent
+        body["array_writes"] = {
+            "ok": not recent,
+            "dropped_slices": d.store.counters.write_failures,
+            "last_drop_s_ago": None if last is None else round(d.store.clock() - last, 3),
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")

@@ -38,6 +38,12 @@ class TierdCollector(Collector):
         yield counter(
             "gated", "L1 victims dropped by the frequency gate.", "reason", {"first_touch": c.gated}
         )
+        yield counter(
+            "dropped_slices",
+            "Evicted slices lost because the array could not take them (full disk, I/O error).",
+            "reason",
+            {"array_write_failed": c.write_failures},
+        )
         usage = GaugeMetricFamily(
             "tierd_tier_usage_bytes", "Bytes held per tier.", labels=["instance", "tier"]
         )

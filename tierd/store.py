@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,8 @@ from tierd.slices import Payload, SliceMeta, make_meta
 from tierd.tiers.l1_arena import L1Arena
 from tierd.tiers.l2_array import ArrayDir
 from tierd.tiers.l3_snapshots import Snapshot, SnapshotDir
+
+log = logging.getLogger("tierd.store")
 
 DEMOTE_BATCH = 16
 EVENT_GROUP = 512
@@ -58,6 +61,9 @@ class TieredStore:
         self.events = events
         self.clock = clock
         self.counters = StoreCounters()
+        self.last_drop_at: float | None = None  # clock time a victim was last lost
+        self._drop_logged_at = -1e18
+        self._unlogged_drops = 0
         self.history = AccessHistory(settings.lru_k, settings.history_entries)
         self.sessions = SessionTracker(settings.session_ttl_s, settings.max_sessions, clock)
         self.emulator = Emulator(
@@ -259,6 +265,21 @@ class TieredStore:
                 self.events.stored(ev.GPU, [meta.hash], meta.parent, meta.tokens)
         return [m.hash for m, _ in items if m.hash in self.l1]
 
+    def _note_drops(self, n: int) -> None:
+        """Victims that could not be written down are lost: say so (one line per 10 s)."""
+        if not n:
+            return
+        now = self.clock()
+        self.last_drop_at = now
+        self._unlogged_drops += n
+        if now - self._drop_logged_at >= 10.0:
+            log.warning(
+                "array full or failing: %d evicted slices dropped (%d in all)",
+                self._unlogged_drops,
+                self.counters.write_failures,
+            )
+            self._drop_logged_at, self._unlogged_drops = now, 0
+
     def _gate(self, h: int, sticky: bool) -> bool:
         return sticky or self.history.count(h) >= 2
 
@@ -279,7 +300,11 @@ class TieredStore:
                     down.append((entry.meta, p))
                 else:
                     self.counters.gated += 1
-            ok = await asyncio.to_thread(self.array.write, down) if down else []
+            try:
+                ok = await asyncio.to_thread(self.array.write, down) if down else []
+            except OSError as exc:  # the array's directory could not even be made (ENOSPC)
+                log.warning("array write failed: %s", exc)
+                ok = [False] * len(down)
             for (meta, _), written in zip(down, ok, strict=True):
                 if written:
                     self.array_add(meta.hash, meta)
@@ -288,6 +313,7 @@ class TieredStore:
                     self.events.stored(ev.ARRAY, [meta.hash], meta.parent, meta.tokens)
                 else:
                     self.counters.write_failures += 1
+            self._note_drops(ok.count(False))
             freed: list[int] = []
             for h in victims:
                 if self.l1.free(h) is not None:
