@@ -41,7 +41,12 @@ from gateway.tokens import PreciseChains
 
 log = logging.getLogger("warmgate.app")
 
-EXTENSIONS: tuple[str, ...] = ("gateway.shared", "gateway.kv_events", "gateway.fleet")
+EXTENSIONS: tuple[str, ...] = (
+    "gateway.shared",
+    "gateway.kv_events",
+    "gateway.fleet",
+    "gateway.limits",
+)
 
 
 def build_upstream(settings: Settings) -> H1Pool:

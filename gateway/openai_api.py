@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import OpenAIError
 from gateway.fastpath import GatewayApp
+from gateway.limits import enforce
 from gateway.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.proxy import proxy_completion
 from gateway.roles import require_client
@@ -36,6 +37,7 @@ async def _serve(request: Request, kind: Kind) -> Response:
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
+        await enforce(state, request, parsed)
         return await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
     except OpenAIError as err:
         _count_refusal(state, err)

@@ -19,7 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.guard_settings import AuthSettings, RequestLimits, ServerLimits
+from gateway.guard_settings import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 
 
 class InstanceSettings(BaseModel):
@@ -166,6 +166,7 @@ class Settings(BaseSettings):
     stream_upstream: bool = True
     api_keys: list[str] = Field(default_factory=list)  # client keys (as auth.client_keys)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
     request_limits: RequestLimits = Field(default_factory=RequestLimits)
     server: ServerLimits = Field(default_factory=ServerLimits)
     # A stream whose engine fails after its first byte goes on on the next instance (the
