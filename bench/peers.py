@@ -6,12 +6,19 @@ the same seed, so every gateway meets identical engines. A gateway is one of:
 
 - `warmgate-ttft`, `warmgate-prefix`, `round-robin`: `warmgate serve` with that policy
   (`ttft`, `prefix`, `round_robin`), configured through a YAML file (`WARMGATE_CONFIG`);
-- `smg`: the SGLang model gateway, `smg launch --policy cache_aware` (PROTOCOLS §3);
+- `smg`: the SGLang model gateway 1.13, `smg launch --policy cache_aware` (PROTOCOLS §3);
+  `smg-prefix-hash`: the same with `--policy prefix_hash`;
+- `sglang-router`: sglang-router 0.3.2 (smg's predecessor), `--policy cache_aware`;
 - `litellm`: the LiteLLM proxy, one deployment per engine under one model name,
-  `routing_strategy: least-busy`.
+  `routing_strategy: least-busy`;
+- `dynamo`: NVIDIA Dynamo's vLLM worker; `peer_missing()` tries to import it and reports why
+  it cannot run here.
 
-Peers live in their own virtual environment (`.venv-peers`), never in warmgate's
-dependencies; `peer_missing()` says how to install one that is not there.
+A fleet is anything with `engines` (instance id -> base URL), `model` and
+`warmgate_config(policy, port)`: the simulated `Fleet` here, or real vLLM engines
+(`bench.real_fleet.RealFleet`). Peers live in their own virtual environments (`.venv-peers`,
+`bash scripts/install-peers.sh`), never in warmgate's dependencies; `peer_missing()` says how
+to install one that is not there.
 """
 
 from __future__ import annotations
@@ -31,22 +38,42 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
-PEER_INSTALL = (
-    f"python3 -m venv {PEERS_VENV} && {PEERS_VENV}/bin/pip install sglang-router 'litellm[proxy]'"
-)
+PEER_INSTALL = "bash scripts/install-peers.sh"
 WARMGATE_POLICIES = {
     "warmgate-ttft": "ttft",
     "warmgate-prefix": "prefix",
     "round-robin": "round_robin",
 }
-PEER_BINARIES = {"smg": "smg", "litellm": "litellm"}
+PEER_BINARIES = {
+    "smg": PEERS_VENV / "bin" / "smg",
+    "smg-prefix-hash": PEERS_VENV / "bin" / "smg",
+    "sglang-router": PEERS_VENV / "sglang-router" / "bin" / "smg",
+    "litellm": PEERS_VENV / "bin" / "litellm",
+    "dynamo": PEERS_VENV / "dynamo" / "bin" / "python",
+}
+SMG_POLICIES = {
+    "smg": "cache_aware",
+    "smg-prefix-hash": "prefix_hash",
+    "sglang-router": "cache_aware",
+}
+
+
+class EngineFleet(Protocol):
+    """What a gateway needs to know of the engines it fronts."""
+
+    engines: dict[str, str]
+
+    @property
+    def model(self) -> str: ...
+
+    def warmgate_config(self, policy: str, port: int) -> dict[str, Any]: ...
 
 
 def free_port() -> int:
@@ -63,9 +90,30 @@ def peer_missing(name: str) -> str | None:
     binary = PEER_BINARIES.get(name)
     if binary is None:
         return f"unknown gateway {name!r}"
-    if not (PEERS_VENV / "bin" / binary).exists():
-        return f"{binary} not installed in {PEERS_VENV}; install with: {PEER_INSTALL}"
+    if not binary.exists():
+        return f"{binary} not installed; install with: {PEER_INSTALL}"
+    if name == "dynamo":
+        return dynamo_missing(binary)
     return None
+
+
+def dynamo_missing(python: Path) -> str:
+    """Why Dynamo's vLLM worker cannot front the engines here, found by importing it.
+
+    Even where it imports, this harness has no launcher for Dynamo's frontend, worker and
+    their NATS/etcd planes, and says so rather than pretending to run it."""
+    probe = subprocess.run(
+        [str(python), "-c", "import dynamo.vllm.main"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        lines = [ln for ln in probe.stderr.splitlines() if ln.strip()]
+        where = [ln.strip() for ln in lines if ln.lstrip().startswith('File "')][-2:]
+        return (
+            f"`python -m dynamo.vllm` cannot start: `import dynamo.vllm.main` fails with "
+            f"{lines[-1] if lines else probe.returncode} ({' <- '.join(reversed(where))})"
+        )
+    return "dynamo.vllm imports, but bench.peers has no launcher for Dynamo's frontend + worker"
 
 
 def tierd_available() -> bool:
@@ -226,6 +274,13 @@ class Fleet:
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
 
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    def warmgate_config(self, policy: str, port: int) -> dict[str, Any]:
+        return warmgate_config(self, policy, port)
+
 
 @dataclass
 class Gateway:
@@ -262,13 +317,13 @@ def warmgate_config(fleet: Fleet, policy: str, port: int) -> dict[str, Any]:
     }
 
 
-def litellm_config(fleet: Fleet, master_key: str) -> dict[str, Any]:
+def litellm_config(fleet: EngineFleet, master_key: str) -> dict[str, Any]:
     return {
         "model_list": [
             {
-                "model_name": fleet.spec.model,
+                "model_name": fleet.model,
                 "litellm_params": {
-                    "model": f"openai/{fleet.spec.model}",
+                    "model": f"openai/{fleet.model}",
                     "api_base": url + "/v1",
                     "api_key": "none",
                 },
@@ -282,7 +337,7 @@ def litellm_config(fleet: Fleet, master_key: str) -> dict[str, Any]:
     }
 
 
-async def start_gateway(name: str, fleet: Fleet, workdir: Path) -> Gateway:
+async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway:
     """Start gateway `name` in front of `fleet` and wait until it answers."""
     port = free_port()
     api_key: str | None = None
@@ -290,16 +345,16 @@ async def start_gateway(name: str, fleet: Fleet, workdir: Path) -> Gateway:
     log = workdir / f"gateway-{name}.log"
     if name in WARMGATE_POLICIES:
         cfg = workdir / f"warmgate-{name}.yaml"
-        cfg.write_text(yaml.safe_dump(warmgate_config(fleet, WARMGATE_POLICIES[name], port)))
+        cfg.write_text(yaml.safe_dump(fleet.warmgate_config(WARMGATE_POLICIES[name], port)))
         args = [sys.executable, "-m", "gateway.cli", "serve"]
         env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port)}
         proc = await Proc.spawn(name, args, log, env)
         await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
-    elif name == "smg":
+    elif name in SMG_POLICIES:
         args = [
-            str(PEERS_VENV / "bin" / "smg"), "launch", "--host", "127.0.0.1",
+            str(PEER_BINARIES[name]), "launch", "--host", "127.0.0.1",
             "--port", str(port), "--worker-urls", *fleet.engines.values(),
-            "--policy", "cache_aware", "--prometheus-port", str(free_port()),
+            "--policy", SMG_POLICIES[name], "--prometheus-port", str(free_port()),
             "--prometheus-host", "127.0.0.1", "--log-level", "warn",
         ]  # fmt: skip
         proc = await Proc.spawn(name, args, log)
@@ -308,7 +363,7 @@ async def start_gateway(name: str, fleet: Fleet, workdir: Path) -> Gateway:
         cfg = workdir / "litellm.yaml"
         api_key = "sk-bench-" + secrets.token_hex(16)  # the proxy refuses to start without one
         cfg.write_text(yaml.safe_dump(litellm_config(fleet, api_key)))
-        args = [str(PEERS_VENV / "bin" / "litellm"), "--config", str(cfg),
+        args = [str(PEER_BINARIES["litellm"]), "--config", str(cfg),
                 "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                "DISABLE_SCHEMA_UPDATE": "True"}  # fmt: skip

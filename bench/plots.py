@@ -27,7 +27,13 @@ TIER_LABELS = {
 }
 
 
-def ttft_cdf(ttfts: Mapping[str, Sequence[float]], out: Path, *, title: str) -> Path:
+def ttft_cdf(
+    ttfts: Mapping[str, Sequence[float]],
+    out: Path,
+    *,
+    title: str,
+    xlabel: str = "TTFT (s, modelled hardware)",
+) -> Path:
     """CDF of TTFT per gateway."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, values in ttfts.items():
@@ -37,7 +43,7 @@ def ttft_cdf(ttfts: Mapping[str, Sequence[float]], out: Path, *, title: str) -> 
         ys = np.arange(1, len(xs) + 1) / len(xs)
         ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)})")
     ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, modelled hardware)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.0)
     ax.grid(True, which="both", alpha=0.3)

@@ -13,9 +13,12 @@ completions with `stream_options.include_usage`, so each record gets:
   `usage.prompt_tokens_details.cached_tokens`);
 - `instance`: from `x-warmgate-instance`, else the engine's `x-engine-instance` if the
   gateway passes it through (as is, or LiteLLM's `llm_provider-` copy), else a header naming
-  the upstream (LiteLLM's deployment id or `x-litellm-model-api-base`, mapped through
-  `instance_by_url`); else None, and the caller attributes requests from the engines' own
-  counters (`bench.engine_metrics`).
+  the upstream (LiteLLM's deployment id, `x-litellm-model-api-base`, smg's
+  `x-smg-routed-worker-id`, mapped through `instance_by_url`); else None, and the caller
+  attributes requests from the engines' own counters (`bench.engine_metrics`);
+- `predicted_cached_tokens`: what the gateway predicted the engine would find cached, where
+  it says so (`x-warmgate-cached-tokens`), to compare with the engine's `cached_tokens`;
+- `gateway_headers`: the names of the response's `x-` headers (what a gateway exposes).
 
 A progress line goes to stderr (rewritten in place on a terminal, every 10 s otherwise).
 """
@@ -41,7 +44,8 @@ INSTANCE_HEADERS = (
     "llm_provider-x-engine-instance",
     "x-litellm-model-id",
 )
-UPSTREAM_URL_HEADERS = ("x-litellm-model-api-base",)
+UPSTREAM_URL_HEADERS = ("x-litellm-model-api-base", "x-smg-routed-worker-id")
+PREDICTED_CACHED_HEADERS = ("x-warmgate-cached-tokens",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,8 @@ class RequestRecord:
     completion_tokens: int = 0
     cached_tokens: int | None = None
     instance: str | None = None
+    predicted_cached_tokens: int | None = None
+    gateway_headers: list[str] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -85,8 +91,10 @@ class RequestRecord:
         return asdict(self)
 
 
-def build_body(item: ReplayItem, model: str) -> dict[str, Any]:
-    """The chat-completions body for `item` (streamed, usage requested)."""
+def build_body(
+    item: ReplayItem, model: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The chat-completions body for `item` (streamed, usage requested; `extra` fields added)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": item.messages,
@@ -94,6 +102,7 @@ def build_body(item: ReplayItem, model: str) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0,
+        **(extra or {}),
     }
     if item.session:
         body["user"] = item.session
@@ -114,6 +123,15 @@ def instance_from_headers(
         if value:
             key = value.rstrip("/").removesuffix("/v1")
             return instance_by_url.get(key, value)
+    return None
+
+
+def predicted_from_headers(headers: Mapping[str, str]) -> int | None:
+    """The gateway's predicted cached tokens for this request, if a header says it."""
+    for name in PREDICTED_CACHED_HEADERS:
+        value = headers.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
     return None
 
 
@@ -150,6 +168,10 @@ async def send_one(
         async with client.stream("POST", url, json=body, headers=headers) as resp:
             record.status = resp.status_code
             record.instance = instance_from_headers(resp.headers, instance_by_url)
+            record.predicted_cached_tokens = predicted_from_headers(resp.headers)
+            record.gateway_headers = sorted(
+                k.lower() for k in resp.headers if k.lower().startswith("x-")
+            )
             if resp.status_code != 200:
                 raw = await resp.aread()
                 record.error = raw[:300].decode("utf-8", "replace")
@@ -226,6 +248,7 @@ async def replay(
     progress_label: str | None = "replay",
     stop_after_s: float | None = None,
     session_order: bool = True,
+    body_extra: Mapping[str, Any] | None = None,
 ) -> list[RequestRecord]:
     """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
 
@@ -271,7 +294,7 @@ async def replay(
                     await send_one(
                         client,
                         url,
-                        build_body(items[i], model),
+                        build_body(items[i], model, body_extra),
                         rec,
                         instance_by_url=by_url,
                         headers=headers,

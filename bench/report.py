@@ -34,6 +34,27 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def prediction_accuracy(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """How often the gateway's predicted cached tokens equal the engine's reported ones,
+    over the answered requests that carry both (a gateway that predicts nothing: None)."""
+    both = [
+        r for r in records if r.ok and r.predicted_cached_tokens is not None
+        and r.cached_tokens is not None
+    ]  # fmt: skip
+    if not both:
+        return {"prediction_exact_share": None, "prediction_requests": 0}
+    diff = [(r.predicted_cached_tokens or 0) - (r.cached_tokens or 0) for r in both]
+    return {
+        "prediction_exact_share": round(sum(d == 0 for d in diff) / len(both), 4),
+        "prediction_requests": len(both),
+        "prediction_over": sum(d > 0 for d in diff),  # predicted more than the engine had
+        "prediction_under": sum(d < 0 for d in diff),
+        "prediction_mean_abs_error_tokens": round(float(np.mean(np.abs(diff))), 1),
+        "predicted_cached_tokens": sum(r.predicted_cached_tokens or 0 for r in both),
+        "reported_cached_tokens": sum(r.cached_tokens or 0 for r in both),
+    }
+
+
 def summarize(
     records: Sequence[RequestRecord],
     engines: Mapping[str, EngineDelta] | None,
@@ -112,6 +133,8 @@ def summarize(
         "completion_tokens": completion,
         "throughput_rps": _r(len(ok) / wall if wall else None, 3),
         "output_tokens_per_s": _r(completion / wall if wall else None, 1),
+        **prediction_accuracy(records),
+        "gateway_headers": sorted({h for r in records for h in r.gateway_headers}),
     }
 
 
@@ -204,23 +227,71 @@ def claims_table(claims: Mapping[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    """report.md: what ran, the tables, the plots and the commands to reproduce it."""
+def accuracy_table(gateways: Mapping[str, Mapping[str, Any]]) -> str:
+    """Precise accuracy: predicted cached tokens against the engine's reported ones."""
+    rows = [
+        "| gateway | requests with both | predicted = reported | over | under | "
+        "mean abs error, tokens | predicted / reported cached tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, res in gateways.items():
+        if res.get("skipped"):
+            continue
+        if not res.get("prediction_requests"):
+            heads = ", ".join(f"`{h}`" for h in res.get("gateway_headers", [])) or "none"
+            rows.append(f"| {name} | exposes no prediction (x- headers: {heads}) | | | | | |")
+            continue
+        rows.append(
+            f"| {name} | {res['prediction_requests']} | "
+            f"**{100 * res['prediction_exact_share']:.1f}%** | {res['prediction_over']} | "
+            f"{res['prediction_under']} | {res['prediction_mean_abs_error_tokens']} | "
+            f"{res['predicted_cached_tokens']} / {res['reported_cached_tokens']} |"
+        )
+    return "\n".join(rows)
+
+
+def _intro(results: Mapping[str, Any]) -> str:
     cfg = results.get("config", {})
-    lines = [
-        f"# warmgate side-by-side: {results.get('name', '')}",
-        "",
+    if cfg.get("engines") == "vllm":
+        return (
+            f"Run {results.get('started_at', '')}; {cfg.get('instances')} real vLLM engines "
+            f"({cfg.get('engine', '')}), each started fresh for each gateway and warmed up. "
+            f"Workload: {cfg.get('workload_note', '')} Seed {cfg.get('seed')}. "
+            "Latencies are wall seconds."
+        )
+    return (
         f"Run {results.get('started_at', '')}; workload `{cfg.get('workload')}`, "
         f"{cfg.get('instances')} simulated instances (profile `{cfg.get('profile')}`, "
         f"time scale {cfg.get('time_scale')}, arrivals compressed {cfg.get('compress')}x), "
         f"seed {cfg.get('seed')}. Latencies are wall seconds ÷ time scale, i.e. what the "
-        "modelled hardware would show.",
+        "modelled hardware would show."
+    )
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """report.md: what ran, the tables, the plots and the commands to reproduce it."""
+    gateways = results.get("gateways", {})
+    lines = [
+        f"# warmgate side-by-side: {results.get('name', '')}",
+        "",
+        _intro(results),
         "",
         "## Gateways",
         "",
-        gateway_table(results.get("gateways", {})),
+        gateway_table(gateways),
         "",
     ]
+    if any(r.get("prediction_requests") for r in gateways.values()):
+        lines += [
+            "## Precise accuracy",
+            "",
+            "Share of answered requests whose predicted cached tokens "
+            "(`x-warmgate-cached-tokens`) equal the engine's "
+            "`usage.prompt_tokens_details.cached_tokens`, over the whole replay.",
+            "",
+            accuracy_table(gateways),
+            "",
+        ]
     notes = results.get("notes") or []
     if notes:
         lines += ["Notes:", "", *[f"- {n}" for n in notes], ""]

@@ -5,6 +5,7 @@ trace files (text synthesised by bench.synth_text)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from bench.replay import ReplayItem
@@ -32,10 +33,45 @@ def trace_items(
     )
 
 
-def game_items(players: int, minutes: float, seed: int) -> list[ReplayItem]:
-    """The game workload for `players` over `minutes` (sim.players' defaults otherwise),
-    generated in process: each request's messages, reply length and session key."""
-    requests = generate(GameParams(players=players, minutes=minutes, seed=seed))
+# The game scaled to what two CPU engines (one core each, ~430 prompt tokens/s) can serve:
+# prompts of about 0.5k-3k tokens instead of 6k-34k, a couple of zones so that players share
+# world state, dialogues of a few turns with think times of seconds, a raid in the second
+# minute. Chosen from the engines' capacity before any run, not fitted to a seed's results.
+CPU_SCALE = GameParams(
+    zones=2,
+    npcs_per_zone=4,
+    world_tokens=(200, 500),
+    world_version_mean_s=120.0,
+    persona_tokens=(60, 200),
+    player_state_tokens=(50, 150),
+    turns=(3, 8),
+    line_tokens=(10, 40),
+    reply_tokens=(8, 24),
+    think_median_s=8.0,
+    think_sigma=0.6,
+    think_range_s=(1.5, 30.0),
+    reply_s_per_token=0.02,
+    idle_mean_s=15.0,
+    favourite_npcs=2,
+    prior_history_tokens=(0, 600),
+    max_history_tokens=1200,
+    summary_tokens=100,
+    start_spread_s=30.0,
+    raid_first_s=(50.0, 70.0),
+    raid_share=0.5,
+    raid_npcs=1,
+    raid_window_s=5.0,
+    raid_turns=(2, 4),
+)
+SCALES = {"default": GameParams(), "cpu": CPU_SCALE}
+
+
+def game_items(players: int, minutes: float, seed: int, scale: str = "default") -> list[ReplayItem]:
+    """The game workload for `players` over `minutes` at `scale` (`default`: sim.players'
+    parameters; `cpu`: CPU_SCALE), generated in process: each request's messages, reply
+    length and session key."""
+    base = SCALES[scale]
+    requests = generate(replace(base, players=players, minutes=minutes, seed=seed))
     return [
         ReplayItem(
             at_s=r.at_s,

@@ -61,7 +61,7 @@ def test_compare_writes_every_artefact(tmp_path: Path) -> None:
     assert json.loads(out_json.read_text()) == results
 
     gateways = results["gateways"]
-    assert "pip install sglang-router" in gateways["smg"]["skipped"]
+    assert "bash scripts/install-peers.sh" in gateways["smg"]["skipped"]
     for name in ("warmgate-ttft", "round-robin"):
         g = gateways[name]
         assert g["requests"] == 12 and g["errors"] == 0, g

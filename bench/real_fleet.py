@@ -1,0 +1,162 @@
+"""Real vLLM engines for side-by-side runs: a fresh fleet per gateway, warmed up, stopped whole.
+
+`RealFleet` wraps `gateway.engines.vllm_fleet.VllmFleet` (the one engine launcher: the tiny
+local model, one core per engine, prefix caching with `sha256_cbor`, prompt-token details,
+KV events on ipc://) for `bench.peers`: `engines` (instance id -> base URL), `model`, and
+the warmgate configuration that matches the engines, read from them where they say it (the
+block size from `vllm:cache_config_info`, the hash seed the launcher knows it gave them).
+
+`real_fleet_with_gateway(spec, name)` starts the engines (in a thread: the launcher
+blocks), sends each one warm-up request of its own text (the first request after a start
+costs 1.5-3 s extra, REAL_ENGINES.md), then starts gateway `name` in front; on exit the
+gateway, then every engine's process tree, are stopped and the logs copied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.peers import Gateway, start_gateway
+from gateway.engines.models import ensure_tiny_model
+from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
+
+# vLLM extra fields every replayed request carries: a random-weight model may stop at once or
+# emit only special tokens (empty deltas); with these every reply is `max_tokens` of text.
+VLLM_BODY_EXTRA: dict[str, Any] = {"ignore_eos": True, "skip_special_tokens": False}
+
+
+@dataclass(frozen=True, slots=True)
+class RealFleetSpec:
+    """How every gateway's engines are started (identical for all of a comparison)."""
+
+    instances: int = 2
+    kv_cache_gib: float = 1.0
+    block_size: int | None = None  # None: the engine's default (128 on CPU)
+    start_timeout_s: float = 300.0
+
+
+def engine_block_size(metrics_text: str) -> int | None:
+    """The block size an engine reports in `vllm:cache_config_info`."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:cache_config_info") and "block_size" in sample.labels:
+                return int(sample.labels["block_size"])
+    return None
+
+
+class RealFleet:
+    """Fresh vLLM engines, one core each."""
+
+    def __init__(self, spec: RealFleetSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.cfg = FleetConfig(
+            model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,
+            block_size=spec.block_size, kv_cache_gib=spec.kv_cache_gib,
+            start_timeout_s=spec.start_timeout_s,
+        )  # fmt: skip
+        self.fleet = VllmFleet(self.cfg)
+        self.engines = {e.id: e.url for e in self.fleet.engines}
+        self.block_size: int | None = None
+
+    @property
+    def model(self) -> str:
+        return self.cfg.served_model_name
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.fleet.start)
+        async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+            sizes = set()
+            for url in self.engines.values():
+                r = await client.get(f"{url}/metrics")
+                sizes.add(engine_block_size(r.text))
+            if len(sizes) != 1 or None in sizes:
+                raise RuntimeError(f"engines report block sizes {sizes}")
+            self.block_size = sizes.pop()
+            await asyncio.gather(*(self._warm(client, url) for url in self.engines.values()))
+
+    async def _warm(self, client: httpx.AsyncClient, url: str) -> None:
+        """One request of text no workload shares, so it leaves nothing a replay could hit."""
+        words = " ".join(secrets.token_hex(3) for _ in range(120))
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": f"warm-up {words}"}],
+            "max_tokens": 4,
+            **VLLM_BODY_EXTRA,
+        }
+        r = await client.post(f"{url}/v1/chat/completions", json=body)
+        r.raise_for_status()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.fleet.stop)
+
+    def warmgate_config(self, policy: str, port: int) -> dict[str, Any]:
+        """warmgate in precise mode, hashing as these engines hash and hearing their events."""
+        seed = self.cfg.effective_hash_seed
+        if seed is None or self.block_size is None:
+            raise RuntimeError("the engines' hash seed and block size must be known")
+        return {
+            "host": "127.0.0.1",
+            "port": port,
+            "log_level": "warning",
+            "instances": [
+                {
+                    "id": e.id,
+                    "url": e.url,
+                    "models": [self.model],
+                    **(
+                        {"kv_events_endpoint": e.kv_events_endpoint} if e.kv_events_endpoint else {}
+                    ),
+                }
+                for e in self.fleet.engines
+            ],
+            "routing": {
+                "policy": policy,
+                "mode": "precise",
+                "precise": {
+                    "hash": "vllm",
+                    "vllm_hash_algo": self.cfg.hash_algo,
+                    "hash_seed": seed,
+                    "block_size": self.block_size,
+                },
+            },
+            "kv_events": {"enabled": self.cfg.kv_events, "topic": self.cfg.kv_events_topic},
+        }
+
+
+@contextlib.asynccontextmanager
+async def real_fleet_with_gateway(
+    spec: RealFleetSpec, gateway: str | None, keep_logs: Path | None = None
+) -> Any:
+    """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None)."""
+    # short path: ipc:// socket paths must fit in 107 bytes
+    workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
+    fleet = await asyncio.to_thread(RealFleet, spec, workdir)  # may build the model once
+    gw: Gateway | None = None
+    try:
+        await fleet.start()
+        if gateway is not None:
+            gw = await start_gateway(gateway, fleet, workdir)
+        yield fleet, gw
+    finally:
+        if gw is not None:
+            await gw.stop()
+        await fleet.stop()
+        if keep_logs is not None:
+            await asyncio.to_thread(_copy_logs, workdir, keep_logs)
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+
+def _copy_logs(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for log in src.glob("*.log"):
+        shutil.copy2(log, dst / log.name)

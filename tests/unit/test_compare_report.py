@@ -1,0 +1,70 @@
+"""The compare harness's parsing and report on records of a real run (real vLLM, real smg)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.replay import RequestRecord, instance_from_headers, predicted_from_headers
+from bench.report import prediction_accuracy, render_markdown, summarize
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _records(name: str) -> list[RequestRecord]:
+    lines = (DATA / f"vllm-records-{name}.jsonl").read_text().splitlines()
+    return [RequestRecord(**json.loads(line)) for line in lines]
+
+
+def test_headers_name_the_instance_and_the_prediction() -> None:
+    by_url = {"http://127.0.0.1:9001": "vllm-0"}
+    assert instance_from_headers({"x-smg-routed-worker-id": "http://127.0.0.1:9001"}, by_url) == (
+        "vllm-0"
+    )
+    assert predicted_from_headers({"x-warmgate-cached-tokens": "1536"}) == 1536
+    assert predicted_from_headers({"x-warmgate-cached-tokens": "n/a"}) is None
+    assert predicted_from_headers({}) is None
+
+
+def test_accuracy_counts_exact_over_and_under() -> None:
+    recs = _records("warmgate-ttft")
+    acc = prediction_accuracy(recs)
+    assert acc["prediction_requests"] == sum(1 for r in recs if r.ok)
+    exact = sum(r.predicted_cached_tokens == r.cached_tokens for r in recs if r.ok)
+    assert acc["prediction_exact_share"] == round(exact / acc["prediction_requests"], 4)
+    # one prediction off by a block on each side: the figure moves and says which way
+    recs[3].predicted_cached_tokens = (recs[3].cached_tokens or 0) + 128
+    recs[4].predicted_cached_tokens = (recs[4].cached_tokens or 0) - 128
+    off = prediction_accuracy(recs)
+    assert (off["prediction_over"], off["prediction_under"]) == (1, 1)
+    assert off["prediction_requests"] - round(
+        off["prediction_exact_share"] * off["prediction_requests"]
+    ) == 2 + (acc["prediction_requests"] - exact)
+    assert off["prediction_mean_abs_error_tokens"] > acc["prediction_mean_abs_error_tokens"]
+    assert prediction_accuracy(_records("smg"))["prediction_exact_share"] is None
+
+
+def test_report_of_a_real_run() -> None:
+    gateways = {name: summarize(_records(name), None) for name in ("warmgate-ttft", "smg")}
+    ours, smg = gateways["warmgate-ttft"], gateways["smg"]
+    assert ours["errors"] == 0 and ours["requests"] == 15
+    cached = sum(r.cached_tokens or 0 for r in _records("smg"))
+    prompt = sum(r.prompt_tokens for r in _records("smg"))
+    assert smg["cached_token_ratio"] == round(cached / prompt, 4)
+    assert smg["instance_source"] == "headers"  # from x-smg-routed-worker-id
+    assert "x-smg-routed-worker-id" in smg["gateway_headers"]
+    assert ours["ttft_p50_s"] is not None and ours["ttft_p50_s"] <= ours["ttft_p99_s"]
+    gateways["dynamo"] = {"skipped": "dynamo.vllm does not import"}
+    md = render_markdown(
+        {
+            "name": "t",
+            "config": {"engines": "vllm", "instances": 2, "seed": 11},
+            "gateways": gateways,
+        }
+    )
+    assert "real vLLM engines" in md and "Seed 11" in md
+    assert "## Precise accuracy" in md
+    assert (
+        "| smg | exposes no prediction (x- headers: `x-request-id`, `x-smg-routed-worker-id`)" in md
+    )
+    assert "| dynamo | skipped: dynamo.vllm does not import |" in md
