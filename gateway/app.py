@@ -38,6 +38,7 @@ from gateway.state import AppState
 from gateway.stats import GatewayStats
 from gateway.tier_stats import run_poller
 from gateway.tokens import PreciseChains
+from gateway.ui.routes import build_ui_admin_router, build_ui_router
 
 log = logging.getLogger("warmgate.app")
 
@@ -46,6 +47,7 @@ EXTENSIONS: tuple[str, ...] = (
     "gateway.kv_events",
     "gateway.fleet",
     "gateway.limits",
+    "gateway.ui.live",
 )
 
 
@@ -155,6 +157,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(build_openai_router(), dependencies=[Depends(require_client)])
     app.include_router(build_admin_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_fleet_router(), dependencies=[Depends(require_admin)])
+    app.include_router(build_ui_admin_router(), dependencies=[Depends(require_admin)])
+    app.include_router(build_ui_router())  # a static shell: its data is admin calls
     app.include_router(build_ops_router())
     app.add_middleware(RequestIdMiddleware)
     return app

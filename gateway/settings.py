@@ -140,6 +140,14 @@ class FleetSettings(BaseModel):
     drain_grace_s: float = Field(default=2.0, ge=0)
 
 
+class UiSettings(BaseModel):
+    """The operator page (gateway/ui/): how often it samples history and scrapes engines."""
+
+    sample_interval_s: float = Field(default=5.0, gt=0)  # one history point per interval
+    history_s: float = Field(default=900.0, gt=0)  # kept this long
+    engine_scrape_s: float = Field(default=2.0, gt=0)  # engines' /metrics for KV use
+
+
 class Settings(BaseSettings):
     """Everything the gateway needs; see README 'Configuration'."""
 
@@ -161,6 +169,7 @@ class Settings(BaseSettings):
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True

@@ -70,6 +70,9 @@ class Router:
         self._sessions: OrderedDict[str, _SessionSeen] = OrderedDict()
         self._totals = _Totals()
         self._by_instance: Counter[str] = Counter()
+        # called on every dispatch (the operator page's hot sessions and prefixes); pure
+        # in-memory callbacks, they must not block
+        self.dispatch_observers: list[Callable[[RouteRequest, Decision, str], None]] = []
 
     # -- deciding -----------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class Router:
             self.index.insert(instance, request.block_hashes, Tier.L1, now, predicted=True)
         self._totals.routed += 1
         self._by_instance[instance] += 1
+        for observe in self.dispatch_observers:
+            observe(request, decision, instance)
         if request.session_key:
             reason = decision.reason if instance == decision.instance else "failover"
             self._sessions[request.session_key] = _SessionSeen(

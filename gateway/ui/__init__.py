@@ -1,0 +1,1 @@
+"""The operator page: `/ui` and its data (`/admin/ui/state`)."""

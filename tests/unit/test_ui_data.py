@@ -1,0 +1,50 @@
+"""The operator page's data pieces: hot sessions/prefixes decay and stay bounded; engine
+gauges are read from a Prometheus page as vLLM writes it."""
+
+from __future__ import annotations
+
+from gateway.ui.engines import parse_engine_gauges
+from gateway.ui.hot import HotTracker
+from router.types import CandidateScore, Decision, RouteRequest
+
+
+def _rr(session: str, first: int, n: int = 5) -> RouteRequest:
+    return RouteRequest("m", [first + i for i in range(n)], 16, 16 * n, session_key=session)
+
+
+def test_hot_sessions_rank_by_recent_heat_and_stay_bounded() -> None:
+    now = [0.0]
+    hot = HotTracker(half_life_s=10.0, prefix_blocks=2, max_keys=4, clock=lambda: now[0])
+    decision = Decision("a", "ttft", "r", 32, {"L1": 32})
+    for _ in range(5):
+        hot.observe(_rr("old", 100), decision, "a")
+    now[0] = 60.0  # six half-lives later: five old requests weigh less than one new
+    hot.observe(_rr("new", 100), decision, "a")
+    top = hot.top()
+    assert [r["key"] for r in top["sessions"]] == ["new", "old"]
+    assert top["prefixes"][0]["requests"] == 6 and top["prefixes"][0]["sessions"] == 2
+    assert hot.predicted_by_tier == {"L1": 6 * 32}
+    for k in range(10):
+        hot.observe(_rr(f"p{k}", 1000 * (k + 1)), decision, "a")
+    assert len(hot.sessions) <= 4 and len(hot.prefixes) <= 4
+
+
+def test_predicted_tiers_follow_the_instance_actually_used() -> None:
+    hot = HotTracker()
+    cand = CandidateScore("b", {"array": 64}, 0)
+    decision = Decision("a", "ttft", "r", 32, {"L1": 32}, candidates=(cand,))
+    hot.observe(_rr("s", 1), decision, "b")  # a failover to b
+    assert hot.predicted_by_tier == {"array": 64}
+
+
+def test_engine_gauges() -> None:
+    text = """# HELP vllm:kv_cache_usage_perc KV-cache usage.
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
+"""
+    assert parse_engine_gauges(text) == {"kv_usage": 0.5, "running": 4.0, "waiting": 2.0}
+    assert parse_engine_gauges("") == {}
