@@ -15,6 +15,10 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
     ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
     ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),
+    ("bench", "convergence"): (
+        "bench.convergence:main",
+        "ttft cost model: predicted vs observed TTFT from its prior",
+    ),
     ("trace", "game"): ("sim.players.cli:main", "write a game-workload trace"),
 }
 
