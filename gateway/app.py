@@ -19,6 +19,7 @@ import httpx
 from fastapi import Depends, FastAPI
 
 from gateway.admin import build_admin_router
+from gateway.engine_check import check_engines
 from gateway.errors import install_error_handlers
 from gateway.fastpath import GatewayApp
 from gateway.fleet_api import build_fleet_router
@@ -126,6 +127,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = build_state(settings)
         app.state.warmgate = state
         try:
+            if settings.routing.mode == "precise":  # hash and cut blocks as the engines do
+                checked = await check_engines(settings, state.client)
+                routing = settings.routing.model_copy(update={"precise": checked.precise})
+                state.settings = settings.model_copy(update={"routing": routing})
+                state.precise = PreciseChains(
+                    checked.precise, state.client, state.health, state.metrics
+                )
             await _attach_extensions(state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 # (command, subcommand or None) -> "module:function"; function(argv: list[str]) -> int
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
-    ("up", None): ("gateway.up:main", "start simulated engines + tierds + the gateway"),
+    ("up", None): ("gateway.up:main", "start engines (simulated, or --engine vllm) + the gateway"),
     ("serve", None): ("gateway.serve:main", "serve the gateway for configured instances"),
     ("admin", None): ("gateway.admin_cli:main", "the admin API: instances, stats, drain, ..."),
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),

@@ -65,8 +65,8 @@ def _precise_checks(labels: dict[str, str] | None, routing: RoutingSettings) -> 
     out.append(
         Check(
             "block_size",
-            size == str(p.block_size),
-            f"engine {size}, gateway routing.precise.block_size {p.block_size}",
+            size == str(p.effective_block_size),
+            f"engine {size}, gateway routing.precise.block_size {p.effective_block_size}",
         )
     )
     if p.hash == "vllm":

@@ -14,36 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
+from gateway.engines.vllm_metrics import cache_config
 from gateway.state import AppState
 
 log = logging.getLogger("warmgate.kv_capacity")
-
-_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def cache_config_labels(metrics_text: str) -> dict[str, str] | None:
     """The labels of `vllm:cache_config_info` (block_size, prefix_caching_hash_algo, ...),
     or None when the page has none."""
-    match = _INFO.search(metrics_text)
-    if match is None:
-        return None
-    return dict(_LABEL.findall(match.group("labels")))
+    config = cache_config(metrics_text)
+    return dict(config.labels) if config is not None else None
 
 
 def parse_kv_capacity(metrics_text: str) -> int | None:
     """HBM KV tokens from a Prometheus text page, or None when it does not say."""
-    labels = cache_config_labels(metrics_text)
-    if labels is None:
-        return None
-    try:
-        blocks = int(labels["num_gpu_blocks"])
-        block_size = int(labels["block_size"])
-    except (KeyError, ValueError):
-        return None
-    return blocks * block_size if blocks > 0 and block_size > 0 else None
+    config = cache_config(metrics_text)
+    return config.kv_capacity_tokens if config is not None else None
 
 
 async def read_capacity(state: AppState, instance_url: str) -> int | None:

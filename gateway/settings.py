@@ -37,15 +37,42 @@ class InstanceSettings(BaseModel):
         return value.rstrip("/") if value else value
 
 
+# vLLM 0.32 seeds sha256_cbor block hashes with this string when PYTHONHASHSEED is unset
+# (vllm/v1/core/kv_cache_utils.py init_none_hash); xxhash_cbor then gets random bytes.
+VLLM_UNSEEDED_SHA256_CBOR = "vllm-none-hash"
+DEFAULT_BLOCK_SIZE = 16  # when neither the config nor any engine says (vLLM's GPU default)
+
+
 class PreciseSettings(BaseModel):
-    """Precise mode: blocks cut from real tokens and hashed as the engines hash them."""
+    """Precise mode: blocks cut from real tokens and hashed as the engines hash them.
+
+    The block size and hash algorithm are checked against what each engine reports
+    (`vllm:cache_config_info`) at startup: a mismatch refuses to start, unless
+    `adopt_engine_config` is set, in which case the engines' values are used. A `block_size`
+    left unset is always taken from the engines."""
 
     hash: Literal["vllm", "xxh3"] = "vllm"  # vLLM's portable block hash, or warmgate's xxh3
     vllm_hash_algo: Literal["sha256_cbor", "xxhash_cbor"] = "sha256_cbor"
-    hash_seed: str | None = None  # the engines' PYTHONHASHSEED (required for "vllm")
-    block_size: int = Field(default=16, ge=1)  # the engines' KV block size in tokens
+    # the engines' PYTHONHASHSEED; None: the engines run without it (sha256_cbor only)
+    hash_seed: str | None = None
+    block_size: int | None = Field(default=None, ge=1)  # None: what the engines report
+    adopt_engine_config: bool = False  # take the engines' block size / hash algo on mismatch
+    # LoRA adapters the engines serve, name -> path as given to vLLM's --lora-modules: vLLM
+    # keys a LoRA request's blocks by ("lora", name, path)
+    lora_adapters: dict[str, str] = Field(default_factory=dict)
     tokenizer: str | None = None  # "module:factory" returning a local tokenizer; None: /tokenize
     tokenize_timeout_s: float = Field(default=2.0, gt=0)
+
+    @property
+    def effective_hash_seed(self) -> str | None:
+        """The seed vLLM's block hashes start from (None: unknowable, random per process)."""
+        if self.hash_seed is not None:
+            return self.hash_seed
+        return VLLM_UNSEEDED_SHA256_CBOR if self.vllm_hash_algo == "sha256_cbor" else None
+
+    @property
+    def effective_block_size(self) -> int:
+        return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE
 
 
 class RoutingSettings(BaseModel):
@@ -67,10 +94,12 @@ class RoutingSettings(BaseModel):
     @model_validator(mode="after")
     def _precise_needs_seed(self) -> RoutingSettings:
         p = self.precise
-        if self.mode == "precise" and p.hash == "vllm" and p.hash_seed is None:
+        if self.mode == "precise" and p.hash == "vllm" and p.effective_hash_seed is None:
             raise ValueError(
-                "routing.mode=precise with the vllm hash needs routing.precise.hash_seed "
-                "(the engines' PYTHONHASHSEED): without it vLLM's hashes are random"
+                "routing.mode=precise with vLLM's xxhash_cbor needs routing.precise.hash_seed "
+                "(the engines' PYTHONHASHSEED): without it vLLM seeds xxhash_cbor with random "
+                "bytes per process. (sha256_cbor without PYTHONHASHSEED is seeded with "
+                f"{VLLM_UNSEEDED_SHA256_CBOR!r} and needs no hash_seed.)"
             )
         return self
 
@@ -121,7 +150,7 @@ class KvEventsSettings(BaseModel):
     """Consumption of engines' KV events (gateway/kv_events.py)."""
 
     enabled: bool = False
-    topic: str = "kv-events"
+    topic: str = ""  # vLLM's default (KVEventsConfig.topic)
 
 
 class TierSettings(BaseModel):

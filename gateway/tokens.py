@@ -95,11 +95,11 @@ class PreciseChains:
         self._xxh3: dict[str, Xxh3BlockHasher] = {}  # per model (seeded by it)
         self._vllm = (
             VllmBlockHasher(
-                hash_seed=settings.hash_seed,
-                block_size=settings.block_size,
+                hash_seed=settings.effective_hash_seed,
+                block_size=settings.effective_block_size,
                 algo=settings.vllm_hash_algo,
             )
-            if settings.hash == "vllm" and settings.hash_seed is not None
+            if settings.hash == "vllm" and settings.effective_hash_seed is not None
             else None
         )
 
@@ -109,7 +109,7 @@ class PreciseChains:
         hasher = self._xxh3.get(model)
         if hasher is None:
             hasher = self._xxh3[model] = Xxh3BlockHasher(
-                model=model, block_size=self._settings.block_size
+                model=model, block_size=self._settings.effective_block_size
             )
         return hasher
 
@@ -154,6 +154,8 @@ class PreciseChains:
                 hasher=self._hasher(parsed.model),
                 model=parsed.model,
                 cache_salt=parsed.cache_salt,
+                lora_name=parsed.model if parsed.model in self._settings.lora_adapters else None,
+                lora_path=self._settings.lora_adapters.get(parsed.model),
                 session_key=parsed.session_key,
                 max_tokens=parsed.max_tokens,
             )

@@ -1,5 +1,8 @@
 """`warmgate up`: a whole local stack in one command, no Redis needed.
 
+`--engine sim` (the default) is described here; `--engine vllm` runs real vLLM engines
+instead (`gateway.up_vllm`).
+
 Starts N simulated engines (`python -m sim.engine`), one `tierd serve` per instance sharing
 one array directory (when tierd's server is installed), waits until each answers, then
 starts the gateway (`warmgate serve` on a generated YAML config) and waits for its `/readyz`.
@@ -43,10 +46,25 @@ def _env(name: str, default: str) -> str:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="warmgate up", description=__doc__.split("\n\n")[0])
     p.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default=_env("WARMGATE_UP_ENGINE", "sim"),
+        help="simulated engines, or real vLLM ones (needs `bash scripts/install-engine.sh`) "
+        "(env WARMGATE_UP_ENGINE, default sim)",
+    )
+    p.add_argument(
         "--instances",
         type=int,
-        default=int(_env("WARMGATE_UP_INSTANCES", "3")),
-        help="simulated instances (env WARMGATE_UP_INSTANCES, default 3)",
+        default=int(os.environ["WARMGATE_UP_INSTANCES"])
+        if os.environ.get("WARMGATE_UP_INSTANCES")
+        else None,
+        help="engines to start (env WARMGATE_UP_INSTANCES, default 3 simulated or 2 vLLM)",
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=float(_env("WARMGATE_UP_KV_CACHE_GIB", "1")),
+        help="vLLM only: KV cache per engine in GiB (env WARMGATE_UP_KV_CACHE_GIB, default 1)",
     )
     p.add_argument(
         "--port",
@@ -106,6 +124,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="seconds to wait for each part to answer (env WARMGATE_UP_START_TIMEOUT)",
     )
     args = p.parse_args(list(argv))
+    if args.instances is None:
+        args.instances = 2 if args.engine == "vllm" else 3
     if args.instances < 1:
         p.error("--instances must be at least 1")
     return args
@@ -346,8 +366,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warmgate up: {exc}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut shutdown
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # nothing may cut shutdown
+            signal.signal(sig, signal.SIG_IGN)
         for child in ([gateway] if gateway else []) + engines + tierds:
             child.stop()
         if not args.run_dir:
@@ -360,8 +380,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    if args.engine == "vllm":
+        from gateway import up_vllm
+
+        return up_vllm.run(args)
     return run(args)
 
 

@@ -6,9 +6,11 @@ How it works:
   (`--prefix-caching-hash-algo sha256_cbor`, or `xxhash_cbor`):
       NONE_HASH = H(cbor(PYTHONHASHSEED string))
       h_i       = H(cbor([h_{i-1} or NONE_HASH (bytes), [tokens of block i], extras_i or null]))
-  CBOR is canonical (`cbor2.dumps(..., canonical=True)`, as vLLM calls it). Extra keys are, in
-  vLLM's order, the LoRA name (every block) and `cache_salt` (first block only); multimodal
-  and prompt-embedding keys are not supported here. KV events carry the low 64 bits of the
+  CBOR is canonical (`cbor2.dumps(..., canonical=True)`, as vLLM calls it). Extra keys are
+  tagged tuples, in vLLM's order (vllm/v1/core/kv_cache_utils.py
+  `generate_block_hash_extra_keys`): `("lora", name, path)` on every block of a LoRA
+  request, then `("cache_salt", salt)` on the first block; multimodal and prompt-embedding
+  keys are not supported here. KV events carry the low 64 bits of the
   big-endian digest (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`): `block_hashes()` returns those.
 - `Xxh3BlockHasher` is warmgate's own fast precise scheme for engines we control, chained
   like the approximate mode's blocks: h_i = xxh3_64(tokens of block i as u32 LE,
@@ -21,6 +23,7 @@ How it works:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import struct
@@ -69,7 +72,12 @@ class BlockHasher(Protocol):
     block_size: int
 
     def block_hashes(
-        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
     ) -> list[int]: ...
 
 
@@ -104,26 +112,36 @@ class VllmBlockHasher:
         *,
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        lora_path: str | None = None,
         parent: bytes | None = None,
     ) -> list[bytes]:
-        """Full digests of every full block, chained from `parent` (default NONE_HASH)."""
+        """Full digests of every full block, chained from `parent` (default NONE_HASH).
+        A LoRA request is keyed by its adapter's name and path, as the engine loaded it."""
         digests: list[bytes] = []
         prev = parent or self.none_hash
-        lora: tuple[str, ...] = (lora_name,) if lora_name else ()
+        lora: tuple[tuple[str, ...], ...] = (
+            (("lora", lora_name, lora_path or ""),) if lora_name else ()
+        )
+        salt: tuple[tuple[str, ...], ...] = (("cache_salt", cache_salt),) if cache_salt else ()
         for i, block in enumerate(cut_blocks(tokens, self.block_size)):
-            extras = lora + ((cache_salt,) if cache_salt and i == 0 and parent is None else ())
+            extras = lora + salt if i == 0 and parent is None else lora
             prev = self._hash((prev, tuple(block), extras or None))
             digests.append(prev)
         return digests
 
     def block_hashes(
-        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
     ) -> list[int]:
         """The block hashes as vLLM's KV events carry them (low 64 bits of each digest)."""
-        return [
-            event_int(d)
-            for d in self.block_digests(tokens, cache_salt=cache_salt, lora_name=lora_name)
-        ]
+        digests = self.block_digests(
+            tokens, cache_salt=cache_salt, lora_name=lora_name, lora_path=lora_path
+        )
+        return [event_int(d) for d in digests]
 
 
 class Xxh3BlockHasher:
@@ -137,9 +155,15 @@ class Xxh3BlockHasher:
         self._block = struct.Struct(f"<{block_size}I")
 
     def block_hashes(
-        self, tokens: Sequence[int], *, cache_salt: str | None = None, lora_name: str | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
     ) -> list[int]:
-        salt = cache_salt if not lora_name else f"{cache_salt or ''}\x00lora:{lora_name}"
+        lora = f"{lora_name}\x00{lora_path or ''}" if lora_name else ""
+        salt = cache_salt if not lora_name else f"{cache_salt or ''}\x00lora:{lora}"
         seed = chain_seed(self.model, salt)
         full = len(tokens) // self.block_size
         try:
@@ -172,17 +196,17 @@ async def precise_route_request(
     model: str,
     cache_salt: str | None = None,
     lora_name: str | None = None,
+    lora_path: str | None = None,
     session_key: str | None = None,
     max_tokens: int | None = None,
 ) -> RouteRequest:
     """A `RouteRequest` whose block chain matches the engine's own block hashes."""
     tokens = await tokens_of(tokenize, payload)
+    keys = {"cache_salt": cache_salt, "lora_name": lora_name, "lora_path": lora_path}
     if len(tokens) // hasher.block_size > THREAD_THRESHOLD_BLOCKS:
-        hashes = await asyncio.to_thread(
-            hasher.block_hashes, tokens, cache_salt=cache_salt, lora_name=lora_name
-        )
+        hashes = await asyncio.to_thread(functools.partial(hasher.block_hashes, tokens, **keys))
     else:
-        hashes = hasher.block_hashes(tokens, cache_salt=cache_salt, lora_name=lora_name)
+        hashes = hasher.block_hashes(tokens, **keys)
     return RouteRequest(
         model=model,
         block_hashes=hashes,

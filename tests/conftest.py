@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.procs import free_port
 from tests.support.redis_server import shared_redis_url
+from tests.support.vllm import VllmFleets
 from tests.support.vllm_fleets import FleetSlot
 
 
@@ -31,3 +32,9 @@ def session_fleets() -> Iterator[FleetSlot]:
     slot = FleetSlot()
     yield slot
     slot.release()
+
+
+@pytest.fixture(scope="session")
+def vllm_fleets(session_fleets: FleetSlot) -> VllmFleets:
+    """Plain real-vLLM fleets by configuration, in that slot (tests/support/vllm.py)."""
+    return VllmFleets(session_fleets)

@@ -44,15 +44,18 @@ def test_cache_salt_is_an_extra_key_of_the_first_block_only() -> None:
     hasher = VllmBlockHasher(hash_seed="0", block_size=4)
     salted = hasher.block_digests(list(range(8)), cache_salt="tenant-a")
     none = bytes.fromhex(NONE_HASH_SEED0)
-    want0 = hashlib.sha256(
-        cbor2.dumps((none, (0, 1, 2, 3), ("tenant-a",)), canonical=True)
-    ).digest()
+    # vLLM tags each extra key: ("cache_salt", salt), ("lora", name, path)
+    tagged = (("cache_salt", "tenant-a"),)
+    want0 = hashlib.sha256(cbor2.dumps((none, (0, 1, 2, 3), tagged), canonical=True)).digest()
     want1 = hashlib.sha256(cbor2.dumps((want0, (4, 5, 6, 7), None), canonical=True)).digest()
     assert salted == [want0, want1]
     assert salted != hasher.block_digests(list(range(8)))
-    lora = hasher.block_digests(list(range(8)), lora_name="npc", cache_salt="s")
-    want0 = hashlib.sha256(cbor2.dumps((none, (0, 1, 2, 3), ("npc", "s")), canonical=True)).digest()
-    want1 = hashlib.sha256(cbor2.dumps((want0, (4, 5, 6, 7), ("npc",)), canonical=True)).digest()
+    lora = hasher.block_digests(list(range(8)), lora_name="npc", lora_path="/a/npc", cache_salt="s")
+    key = ("lora", "npc", "/a/npc")
+    want0 = hashlib.sha256(
+        cbor2.dumps((none, (0, 1, 2, 3), (key, ("cache_salt", "s"))), canonical=True)
+    ).digest()
+    want1 = hashlib.sha256(cbor2.dumps((want0, (4, 5, 6, 7), (key,)), canonical=True)).digest()
     assert lora == [want0, want1]
 
 

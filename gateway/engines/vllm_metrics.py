@@ -1,0 +1,125 @@
+"""What a vLLM engine says about itself on `/metrics`, parsed (pure: no I/O here).
+
+- `cache_config(text)` -> `EngineCacheConfig` from `vllm:cache_config_info`'s labels (block
+  size, prefix-caching hash algorithm, KV capacity), or None when the page has none.
+- `samples(text, names)` -> {(name, labels...): value} for the series asked for, e.g.
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
+  `vllm:prompt_tokens_by_source_total{source=...}`.
+- `EngineLoad.parse(text)` -> the gauges and counters the gateway's load view and
+  accounting use, summed over vLLM's `engine` label (data-parallel ranks).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)",
+    re.MULTILINE,
+)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(raw: str | None) -> dict[str, str]:
+    return dict(_LABEL.findall(raw)) if raw else {}
+
+
+def _int(labels: Mapping[str, str], key: str) -> int | None:
+    try:
+        value = int(labels[key])
+    except (KeyError, ValueError):
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCacheConfig:
+    """The KV cache configuration an engine reports."""
+
+    block_size: int | None
+    hash_algo: str | None  # prefix_caching_hash_algo
+    prefix_caching: bool | None
+    num_gpu_blocks: int | None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        if self.block_size and self.num_gpu_blocks and self.num_gpu_blocks > 0:
+            return self.block_size * self.num_gpu_blocks
+        return None
+
+
+def cache_config(text: str) -> EngineCacheConfig | None:
+    """The engine's cache configuration from a Prometheus text page; None if not published."""
+    for m in _SAMPLE.finditer(text):
+        if m.group("name") != "vllm:cache_config_info":
+            continue
+        labels = _labels(m.group("labels"))
+        enabled = labels.get("enable_prefix_caching")
+        return EngineCacheConfig(
+            block_size=_int(labels, "block_size"),
+            hash_algo=labels.get("prefix_caching_hash_algo") or None,
+            prefix_caching=None if enabled is None else enabled == "True",
+            num_gpu_blocks=_int(labels, "num_gpu_blocks"),
+            labels=labels,
+        )
+    return None
+
+
+def samples(text: str, names: Iterable[str]) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of the named series: (name, labels, value)."""
+    wanted = set(names)
+    out: list[tuple[str, dict[str, str], float]] = []
+    for m in _SAMPLE.finditer(text):
+        name = m.group("name")
+        if name not in wanted:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out.append((name, _labels(m.group("labels")), value))
+    return out
+
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+_LOAD_SERIES = (WAITING, RUNNING, KV_USAGE, BY_SOURCE, CACHED_BY_SOURCE)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One scrape of an engine's load and prompt-token accounting."""
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None  # 0..1 (max over data-parallel ranks)
+    prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
+    cached_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> EngineLoad:
+        waiting = running = kv = None
+        by_source: dict[str, float] = {}
+        cached: dict[str, float] = {}
+        for name, labels, value in samples(text, _LOAD_SERIES):
+            if name == WAITING:
+                waiting = (waiting or 0.0) + value
+            elif name == RUNNING:
+                running = (running or 0.0) + value
+            elif name == KV_USAGE:
+                kv = value if kv is None else max(kv, value)
+            elif name == BY_SOURCE:
+                src = labels.get("source", "")
+                by_source[src] = by_source.get(src, 0.0) + value
+            else:
+                src = labels.get("source", "")
+                cached[src] = cached.get(src, 0.0) + value
+        return cls(waiting, running, kv, by_source, cached)

@@ -1,0 +1,174 @@
+"""`warmgate up --engine vllm`: real vLLM engines behind the gateway, in one command.
+
+Builds the small local model once (cached; `gateway.engines.models`), starts N vLLM engines
+from the engine's own virtual environment (`bash scripts/install-engine.sh`), one core each,
+with prefix caching, prompt-token details and KV events on ipc sockets
+(`gateway.engines.vllm_fleet`), then the gateway in precise mode with the block size and hash
+algorithm each engine reports (`vllm:cache_config_info`), vLLM's unseeded sha256_cbor seed
+and its events topic. Ctrl-C, SIGTERM or SIGHUP stop the gateway, then every engine's whole
+process tree (API server, EngineCore, Worker); a SIGKILL of `up` itself still takes the
+children down (they get SIGTERM when their parent dies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.engines.models import EngineEnvMissing, ensure_tiny_model, require_engine_python
+from gateway.engines.process import ProcessTree
+from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
+from gateway.engines.vllm_metrics import cache_config
+from gateway.up import Interrupted
+
+SERVED_MODEL = "warmgate-tiny"
+
+
+def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]:
+    """The gateway's YAML: precise mode with what the engines themselves report."""
+    block_sizes: set[int] = set()
+    algos: set[str] = set()
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        for e in fleet:
+            info = cache_config(client.get(f"{e.url}/metrics").text)
+            if info is None:
+                raise RuntimeError(f"{e.id} publishes no vllm:cache_config_info")
+            if info.block_size is not None:
+                block_sizes.add(info.block_size)
+            if info.hash_algo is not None:
+                algos.add(info.hash_algo)
+    if len(block_sizes) != 1 or len(algos) != 1:
+        raise RuntimeError(f"the engines disagree: block sizes {block_sizes}, hash {algos}")
+    precise: dict[str, Any] = {
+        "hash": "vllm",
+        "vllm_hash_algo": algos.pop(),
+        "block_size": block_sizes.pop(),
+    }
+    if fleet.cfg.hash_seed is not None:
+        precise["hash_seed"] = fleet.cfg.hash_seed
+    routing: dict[str, Any] = {"mode": "precise", "precise": precise}
+    if args.policy:
+        routing["policy"] = args.policy
+    instances = [
+        {
+            "id": e.id,
+            "url": e.url,
+            "models": [fleet.cfg.served_model_name],
+            "kv_events_endpoint": e.kv_events_endpoint,
+        }
+        for e in fleet
+    ]
+    return {
+        "host": args.host,
+        "port": args.port,
+        "instances": instances,
+        "routing": routing,
+        "kv_events": {"enabled": True, "topic": fleet.cfg.kv_events_topic},
+    }
+
+
+def _wait_gateway(tree: ProcessTree, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if not tree.alive():
+                raise RuntimeError(f"the gateway exited; log {tree.log_path}:\n{tree.tail()}")
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"the gateway did not answer {url}; log {tree.log_path}:\n{tree.tail()}")
+
+
+def banner(base_url: str, fleet: VllmFleet, run_dir: Path, config: dict[str, Any]) -> str:
+    precise = config["routing"]["precise"]
+    model = fleet.cfg.served_model_name
+    return "\n".join(
+        [
+            "",
+            f"warmgate is up: {len(fleet.engines)} vLLM engines ({model}, one core each), "
+            f"precise mode (block size {precise['block_size']}, {precise['vllm_hash_algo']})",
+            f"  base URL:  {base_url}",
+            f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
+            f"  engines:   {', '.join(e.url for e in fleet)}",
+            f"  logs:      {run_dir}",
+            "",
+            "  from openai import OpenAI",
+            f'  client = OpenAI(base_url="{base_url}", api_key="unused")',
+            f'  print(client.chat.completions.create(model="{model}", max_tokens=16, '
+            'messages=[{"role": "user", "content": "Hello!"}]).choices[0].message.content)',
+            "",
+            "(random weights: the text is noise; the caching, routing and timing are real.)",
+            "Ctrl-C stops everything.",
+            "",
+        ]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the model, engines and gateway; supervise until a signal or a death."""
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="wg-up-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fleet: VllmFleet | None = None
+    gateway: ProcessTree | None = None
+    try:
+        python = require_engine_python()
+        print("warmgate up: building the local model (cached after the first time)...", flush=True)
+        model_dir = ensure_tiny_model(python=python)
+        fleet = VllmFleet(
+            FleetConfig(
+                model_dir=model_dir,
+                engines=args.instances,
+                run_dir=run_dir,
+                served_model_name=SERVED_MODEL,
+                python=python,
+                kv_cache_gib=args.kv_cache_gib,
+                start_timeout_s=max(args.start_timeout, 300.0),
+            )
+        )
+        print(
+            f"warmgate up: starting {args.instances} vLLM engines (about a minute)...", flush=True
+        )
+        fleet.start()
+        config = gateway_config(args, fleet)
+        config_path = run_dir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [sys.executable, "-m", "gateway.serve", "--config", str(config_path)]
+        argv += ["--host", args.host, "--port", str(args.port)]
+        env = {k: v for k, v in os.environ.items() if k != "WARMGATE_INSTANCES"}
+        gateway = ProcessTree.start("gateway", argv, run_dir / "gateway.log", env=env)
+        probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        _wait_gateway(gateway, f"http://{probe_host}:{args.port}/readyz", args.start_timeout)
+        print(banner(f"http://{probe_host}:{args.port}/v1", fleet, run_dir, config), flush=True)
+        while gateway.alive() and all(e.alive() for e in fleet):
+            time.sleep(0.5)
+        dead = "the gateway" if not gateway.alive() else "an engine"
+        print(f"warmgate up: {dead} exited; logs in {run_dir}", file=sys.stderr)
+        return 1
+    except Interrupted:
+        print("\nwarmgate up: stopping...", file=sys.stderr, flush=True)
+        return 0
+    except (RuntimeError, EngineEnvMissing) as exc:
+        print(f"warmgate up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # let nothing cut shutdown
+            signal.signal(sig, signal.SIG_IGN)
+        if gateway is not None:
+            gateway.stop(10.0)
+        if fleet is not None:
+            fleet.stop()
+        if not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
