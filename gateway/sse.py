@@ -7,17 +7,22 @@ with a blank line), inspects each `data:` payload and returns what to pass on:
 - when the client did not ask for usage (we forced `include_usage` upstream) the usage-only
   chunk is dropped and `"usage": null` keys are removed, so the client sees what it asked for;
 - an `error` payload from the engine is remembered (and passed on);
-- `data: [DONE]` marks a clean end.
+- `data: [DONE]` marks a clean end; a chunk with a `finish_reason` marks that the engine
+  finished its answer (`finished`: what the engine sent decides whether a stream completed,
+  not whether the client or the engine closed first).
 Events that need no change are passed on as the exact bytes received.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.jsonc import decode, encode
+
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a string value, not null
 
 
 @dataclass
@@ -28,6 +33,7 @@ class SseRelay:
     on_chunk: Callable[[dict[str, Any]], None] | None = None  # sees every JSON chunk
     saw_content: bool = False
     saw_done: bool = False
+    saw_finish: bool = False  # a choice ended (finish_reason set)
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     events: int = 0
@@ -48,6 +54,11 @@ class SseRelay:
             if relayed:
                 out.append(relayed)
 
+    @property
+    def finished(self) -> bool:
+        """The engine sent the whole answer (its [DONE], or a finish_reason), without error."""
+        return self.error is None and (self.saw_done or self.saw_finish)
+
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a complete event (an upstream cut short)."""
         rest, self._buffer = self._buffer, b""
@@ -64,6 +75,8 @@ class SseRelay:
         if payload.strip() == b"[DONE]":
             self.saw_done = True
             return frame
+        if not self.saw_finish and _FINISHED.search(payload):
+            self.saw_finish = True
         if (
             self.on_chunk is None
             and self.saw_content

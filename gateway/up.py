@@ -62,8 +62,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--kv-cache-gib",
-        type=float,
-        default=float(_env("WARMGATE_UP_KV_CACHE_GIB", "1")),
+        type=int,
+        default=int(_env("WARMGATE_UP_KV_CACHE_GIB", "1")),
         help="vLLM only: KV cache per engine in GiB (env WARMGATE_UP_KV_CACHE_GIB, default 1)",
     )
     p.add_argument(

@@ -133,7 +133,11 @@ async def stream(request: Request, ex: Exchange, instance: str, resp: UpstreamRe
     async def cleanup() -> None:
         await body.aclose()  # runs the relay's own `finally` if it had started
         await resp.aclose()
-        ex.complete(instance, "cancelled", ok=False)  # no-op when the relay completed it
+        # no-op when the relay completed it; else the engine's own bytes decide the outcome
+        if relay.finished:
+            ex.complete(instance, "ok", ok=True, usage=relay.usage)
+        else:
+            ex.complete(instance, "cancelled", ok=False)
 
     return RelayResponse(
         body,
@@ -186,4 +190,8 @@ async def _relay(
     finally:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
+        if outcome == "cancelled" and relay.finished:
+            # The engine had sent everything ([DONE] or finish_reason) when the client
+            # left: a client that closes right after [DONE] got a complete answer.
+            outcome, ok = "ok", True
         ex.complete(instance, outcome, ok=ok, usage=relay.usage)

@@ -82,7 +82,8 @@ class FleetConfig:
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None  # PYTHONHASHSEED for the engines; None: unset
     block_size: int | None = None  # None: the engine's default (128 on CPU)
-    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (whole GiB: vLLM parses an int)
+    num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: a small cache evicts soon
     max_model_len: int | None = None
     kv_events: bool = True
     kv_events_topic: str = ""
@@ -158,6 +159,8 @@ class VllmEngine:
         ]
         if cfg.block_size is not None:
             args += ["--block-size", str(cfg.block_size)]
+        if cfg.num_gpu_blocks is not None:
+            args += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
         if cfg.max_model_len is not None:
             args += ["--max-model-len", str(cfg.max_model_len)]
         if self.kv_events_endpoint is not None:
@@ -178,7 +181,7 @@ class VllmEngine:
         env.update(
             {
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
-                "VLLM_CPU_KVCACHE_SPACE": f"{cfg.kv_cache_gib:g}",
+                "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1",

@@ -14,11 +14,15 @@ _LABELS = tuple(t.label for t in sorted(Tier))  # by tier value
 def cached_tokens_by_tier(
     request: RouteRequest, matched_blocks: Mapping[Tier, int]
 ) -> dict[str, int]:
-    """Matched blocks turned into tokens, keyed by `Tier.label`, capped at the prompt."""
+    """Matched blocks turned into tokens, keyed by `Tier.label`, capped at the whole blocks
+    before the prompt's last token: an engine always computes that token, so a prompt of
+    exactly k blocks can hit at most k - 1 (vLLM's and sim.engine's
+    `(prompt_len - 1) // block_size`)."""
     out: dict[str, int] = {}
     if not matched_blocks:
         return out
-    left = max(0, request.prompt_tokens)
+    bt = request.block_tokens
+    left = max(0, (request.prompt_tokens - 1) // bt * bt) if bt > 0 else 0
     # per candidate per decision: a sort and enum lookups only when tiers mix
     ordered = sorted(matched_blocks) if len(matched_blocks) > 1 else matched_blocks
     for tier in ordered:
