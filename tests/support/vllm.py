@@ -46,7 +46,8 @@ class VllmFleets:
         self._model: Path | None = None
         self._python: Path | None = None
 
-    def _base(self) -> dict[str, Any]:
+    def prepare(self) -> dict[str, Any]:
+        """The engine environment (a skip or CI failure without it), the model, the defaults."""
         if self._python is None:
             self._python = engine_python_or_skip()
         if self._model is None:
@@ -66,7 +67,7 @@ class VllmFleets:
         unknown = set(overrides) - _FIELDS
         if unknown:
             raise TypeError(f"not FleetConfig fields: {sorted(unknown)}")
-        cfg_kwargs = {**self._base(), **overrides}
+        cfg_kwargs = {**self.prepare(), **overrides}
         kind = "vllm:" + repr(sorted((k, repr(v)) for k, v in cfg_kwargs.items()))
         if (os.cpu_count() or 1) < cfg_kwargs["engines"]:
             cfg_kwargs.setdefault("cores", tuple(0 for _ in range(cfg_kwargs["engines"])))
