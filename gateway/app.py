@@ -26,6 +26,7 @@ from gateway.fleet_api import build_fleet_router
 from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
 from gateway.kv_capacity import run_discovery
+from gateway.kv_resync import attach_health_resync
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.openai_api import add_completion_routes, build_openai_router
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     checked.precise, state.client, state.health, state.metrics
                 )
             await _attach_extensions(state)
+            attach_health_resync(state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")
             if state.prefetcher.available:

@@ -155,7 +155,7 @@ class Fleet:
         state.prefetcher.add(spec)
         consumer = state.extensions.get("kv_events")
         if consumer is not None and spec.kv_events_endpoint:
-            consumer.add_source(spec.id, spec.kv_events_endpoint)
+            consumer.add_source(spec.id, spec.kv_events_endpoint, spec.kv_events_replay_endpoint)
         elif spec.kv_events_endpoint and state.settings.kv_events.enabled:
             log.warning("instance %s: KV events need a consumer started with the gateway", spec.id)
         if state.prefetcher.available and not _running(state, "tier-stats"):

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -77,6 +77,9 @@ class HealthChecker:
         self._client = client
         self._metrics = metrics
         self.health: dict[str, InstanceHealth] = {i.id: InstanceHealth(i.id) for i in instances}
+        # called as listener(instance, old_state, new_state) on every change (sync, short):
+        # the KV view of an instance that went away must not outlive it (gateway.kv_resync)
+        self.listeners: list[Callable[[str, HealthState, HealthState], None]] = []
         for i in instances:
             metrics.instance_healthy.labels(i.id).set(0)
 
@@ -178,8 +181,14 @@ class HealthChecker:
             reason,
             extra={"instance": h.id, "health_state": state},
         )
+        old = h.state
         h.state, h.reason, h.since = state, reason, time.time()
         self._metrics.instance_healthy.labels(h.id).set(1 if state == "healthy" else 0)
+        for listener in self.listeners:
+            try:
+                listener(h.id, old, state)
+            except Exception:  # a listener's failure must not stop health tracking
+                log.exception("health listener failed for %s", h.id)
 
     # --- checking ------------------------------------------------------------------------
     async def check(self, instance_id: str) -> None:

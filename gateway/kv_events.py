@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.kv_replay import ReplayUnavailable, fetch_replay
 from gateway.state import AppState
 from router.event_feed import (
     IndexSink,
@@ -79,6 +80,8 @@ class SourceStats:
     gaps: int = 0
     missed_batches: int = 0
     restarts: int = 0
+    replays: int = 0  # resyncs from the engine's replay (start, restart, health recovery)
+    replayed_batches: int = 0
     last_seq: int | None = None
     last_batch_at_s: float | None = None
 
@@ -91,12 +94,17 @@ class KvEventConsumer:
         index: IndexSink,
         endpoints: Mapping[str, str],
         *,
-        topic: str = "kv-events",
+        topic: str = "",
         metrics: KvEventMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        replay_endpoints: Mapping[str, str] | None = None,
     ) -> None:
         self.index = index
         self.endpoints = dict(endpoints)
+        self.replay_endpoints = dict(replay_endpoints or {})
+        # instance -> live messages held back while its replay is being applied
+        self._held: dict[str, list[list[bytes]]] = {}
+        self._resyncs: set[asyncio.Task[int]] = set()
         self.topic = topic
         self.metrics = metrics
         self._clock = clock
@@ -109,6 +117,43 @@ class KvEventConsumer:
         self._ctx = zmq.asyncio.Context()
         for instance, endpoint in self.endpoints.items():
             self._subscribe(instance, endpoint)
+        # what the engines hold already (the gateway may start after them)
+        await asyncio.gather(*(self.resync(i, "start") for i in self.replay_endpoints))
+
+    async def resync(self, instance: str, why: str) -> int:
+        """Forget what `instance` holds and rebuild it from its engine's replay, when it
+        offers one; returns the batches replayed. Live batches that arrive meanwhile are
+        held and applied after the replay (those it already covered are dropped)."""
+        self.index.clear_instance(instance)
+        endpoint = self.replay_endpoints.get(instance)
+        stats = self._stats.get(instance)
+        if endpoint is None or self._ctx is None or stats is None or instance in self._held:
+            if instance in self._trackers:
+                self._trackers[instance].reset()
+            return 0
+        self._held[instance] = []
+        try:
+            batches = await fetch_replay(self._ctx, endpoint)
+        except (ReplayUnavailable, zmq.ZMQError) as exc:
+            log.warning("kv events from %s: replay after %s failed: %s", instance, why, exc)
+            batches = []
+        finally:
+            held = self._held.pop(instance, [])
+        self.index.clear_instance(instance)  # live batches since the clear are replayed too
+        tracker = self._trackers[instance]
+        tracker.reset()
+        for frames in batches:
+            self.handle(instance, frames)
+        stats.replays += 1
+        stats.replayed_batches += len(batches)
+        last = tracker.last
+        for frames in held:
+            seq = int.from_bytes(frames[1], "big", signed=True) if len(frames) == 3 else None
+            if seq is not None and last is not None and seq <= last:
+                continue  # the replay had it
+            self.handle(instance, frames)
+        log.info("kv events from %s: %d batches replayed after %s", instance, len(batches), why)
+        return len(batches)
 
     def _subscribe(self, instance: str, endpoint: str) -> None:
         assert self._ctx is not None
@@ -122,10 +167,17 @@ class KvEventConsumer:
         task = asyncio.create_task(self._run(instance, sock), name=f"kv-events:{instance}")
         self._tasks[instance] = task
 
-    def add_source(self, instance: str, endpoint: str) -> None:
+    def _spawn_resync(self, instance: str, why: str) -> None:
+        task = asyncio.create_task(self.resync(instance, why), name=f"kv-resync:{instance}")
+        self._resyncs.add(task)
+        task.add_done_callback(self._resyncs.discard)
+
+    def add_source(self, instance: str, endpoint: str, replay: str | None = None) -> None:
         """Consume an instance added at runtime (gateway.fleet)."""
         self.remove_source(instance)
         self.endpoints[instance] = endpoint
+        if replay:
+            self.replay_endpoints[instance] = replay
         self._trackers[instance] = SeqTracker()
         self._stats[instance] = SourceStats(instance, endpoint)
         self._subscribe(instance, endpoint)
@@ -136,10 +188,11 @@ class KvEventConsumer:
         if task is not None:
             task.cancel()
         self.endpoints.pop(instance, None)
+        self.replay_endpoints.pop(instance, None)
         self._stats.pop(instance, None)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._resyncs]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -177,6 +230,10 @@ class KvEventConsumer:
         stats = self._stats.get(instance)
         if stats is None:  # the instance left the fleet while this message was queued
             return
+        held = self._held.get(instance)
+        if held is not None:  # a replay is being fetched: apply this after it
+            held.append(frames)
+            return
         try:
             message = decode_frames(frames)
         except MalformedEventError as exc:
@@ -192,6 +249,8 @@ class KvEventConsumer:
         stats.last_batch_at_s = self._clock()
         if verdict.must_resync:
             self.index.clear_instance(instance)
+            if instance in self.replay_endpoints:  # the engine can tell us what we missed
+                self._spawn_resync(instance, verdict.status.value)
             if verdict.status is SeqStatus.GAP:
                 stats.gaps += 1
                 stats.missed_batches += verdict.missed
@@ -236,6 +295,11 @@ async def attach(state: AppState) -> None:
     endpoints = {
         i.id: i.kv_events_endpoint for i in state.settings.instances if i.kv_events_endpoint
     }
+    replays = {
+        i.id: i.kv_events_replay_endpoint
+        for i in state.settings.instances
+        if i.kv_events_endpoint and i.kv_events_replay_endpoint
+    }
     if not cfg.enabled:
         return
     if not endpoints:  # instances added at runtime may bring theirs (gateway.fleet)
@@ -245,6 +309,7 @@ async def attach(state: AppState) -> None:
         endpoints,
         topic=cfg.topic,
         metrics=KvEventMetrics(state.metrics.registry),
+        replay_endpoints=replays,
     )
     await consumer.start()
     state.extensions["kv_events"] = consumer

@@ -30,6 +30,9 @@ class InstanceSettings(BaseModel):
     tierd_url: str | None = None  # its tier daemon, for prefetch hints and tier stats
     models: list[str] = Field(default_factory=list)  # empty: discovered from the engine
     kv_events_endpoint: str | None = None  # ZMQ PUB endpoint of its KV events
+    # vLLM's replay (ROUTER) endpoint: what the engine holds, asked for at start and after
+    # the gateway lost sight of it (restart, sequence gap, health recovery)
+    kv_events_replay_endpoint: str | None = None
 
     @field_validator("url", "tierd_url")
     @classmethod

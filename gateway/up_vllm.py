@@ -65,6 +65,7 @@ def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]
             "url": e.url,
             "models": [fleet.cfg.served_model_name],
             "kv_events_endpoint": e.kv_events_endpoint,
+            "kv_events_replay_endpoint": e.kv_replay_endpoint,
         }
         for e in fleet
     ]

@@ -98,6 +98,7 @@ def gateway_config(fleet: VllmFleet, port: int, **settings: Any) -> dict[str, An
                 "url": e.url,
                 "models": [fleet.cfg.served_model_name],
                 "kv_events_endpoint": e.kv_events_endpoint,
+                "kv_events_replay_endpoint": e.kv_replay_endpoint,
             }
             for e in fleet
         ],
