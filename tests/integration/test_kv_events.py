@@ -60,7 +60,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     pub = KvEventPublisher(endpoint, encoding=encoding)
     index = PrefixIndex()
-    consumer = KvEventConsumer(index, {"i0": endpoint})
+    consumer = KvEventConsumer(index, {"i0": endpoint}, topic="kv-events")  # filtering on
     await consumer.start()
     r = Rig(index, consumer, pub)
     try:

@@ -71,3 +71,26 @@ def test_invalid_settings_are_refused(config: Path) -> None:
         load_settings(state={"backend": "redis"})  # no redis_url
     with pytest.raises(ValidationError):
         load_settings(routing={"block_tokens": 0})
+
+
+def test_kv_events_topic_defaults_to_vllms() -> None:
+    """vLLM publishes on topic "" (KVEventsConfig.topic) unless told otherwise."""
+    from gateway.settings import KvEventsSettings
+
+    assert KvEventsSettings().topic == ""
+
+
+def test_the_hash_seed_rule_says_what_vllm_does() -> None:
+    """sha256_cbor without PYTHONHASHSEED is seeded with "vllm-none-hash" (no seed needed);
+    only xxhash_cbor is random per process without one."""
+    import pytest
+    from pydantic import ValidationError
+
+    from gateway.settings import RoutingSettings
+
+    r = RoutingSettings.model_validate({"mode": "precise"})
+    assert r.precise.effective_hash_seed == "vllm-none-hash"
+    with pytest.raises(ValidationError, match="xxhash_cbor with random bytes per process"):
+        RoutingSettings.model_validate(
+            {"mode": "precise", "precise": {"vllm_hash_algo": "xxhash_cbor"}}
+        )
