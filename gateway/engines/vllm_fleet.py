@@ -82,7 +82,7 @@ class FleetConfig:
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None  # PYTHONHASHSEED for the engines; None: unset
     block_size: int | None = None  # None: the engine's default (128 on CPU)
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (whole GiB: vLLM parses an int)
+    kv_cache_gib: float = 1  # VLLM_CPU_KVCACHE_SPACE: whole GiB (vLLM parses an int)
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: a small cache evicts soon
     max_model_len: int | None = None
     kv_events: bool = True
@@ -181,7 +181,7 @@ class VllmEngine:
         env.update(
             {
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
-                "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+                "VLLM_CPU_KVCACHE_SPACE": str(int(cfg.kv_cache_gib)),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
@@ -255,6 +255,8 @@ class VllmFleet:
             raise ValueError("give one port per engine, or none")
         if cfg.cores and len(cfg.cores) != cfg.engines:
             raise ValueError("give one core per engine, or none")
+        if cfg.kv_cache_gib < 1 or cfg.kv_cache_gib != int(cfg.kv_cache_gib):
+            raise ValueError("kv_cache_gib must be a whole number of GiB (vLLM reads an int)")
         self.cfg = cfg
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if cfg.run_dir is None:
