@@ -32,11 +32,20 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def race_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
-    """Await `awaitable`, cancelling it (and raising ClientDisconnected) if the client leaves."""
+class Abandoned(Exception):
+    """The work was given up on before it finished (the `abandon` future's reason)."""
+
+
+async def race_disconnect(
+    request: Request, awaitable: Awaitable[T], abandon: asyncio.Future[str] | None = None
+) -> T:
+    """Await `awaitable`, cancelling it (and raising ClientDisconnected) if the client
+    leaves, or (raising Abandoned) when `abandon` resolves first."""
     work: asyncio.Future[T] = asyncio.ensure_future(awaitable)
     watch: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
     both: set[asyncio.Future[Any]] = {work, watch}
+    if abandon is not None:
+        both.add(abandon)
     try:
         await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -46,8 +55,14 @@ async def race_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
     if work.cancelled():
+        if abandon is not None and abandon.done() and not watch_done(watch):
+            raise Abandoned(abandon.result())
         raise ClientDisconnected()
     return work.result()
+
+
+def watch_done(watch: asyncio.Future[Any]) -> bool:
+    return watch.done() and not watch.cancelled()
 
 
 class RelayResponse(StreamingResponse):

@@ -22,6 +22,7 @@ response streamed back) in one write and one parser callback per read. Other ups
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -281,10 +282,22 @@ class UpstreamResponse:
         self.status_code = conn.status()
         self.headers = Headers(conn.headers())
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    def abort(self, reason: str) -> None:
+        """Fail the read in progress (and every later one) with `UpstreamTimeout(reason)`."""
+        if self._conn is not None:
+            self._conn._fail(UpstreamTimeout(reason))
+
+    async def aiter_bytes(
+        self, read_s: float | None = None, first_s: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """The body as it arrives; `read_s` (default the pool's) bounds each wait, `first_s`
+        (default `read_s`) the wait for the first piece."""
+        wait_s = self._pool.timeouts.read_s if read_s is None else read_s
+        first_wait = wait_s if first_s is None else first_s
         try:
             while self._conn is not None:
-                chunk = await self._conn.next_chunk(self._pool.timeouts.read_s)
+                chunk = await self._conn.next_chunk(first_wait)
+                first_wait = wait_s
                 if not chunk:
                     break
                 yield chunk
@@ -330,9 +343,17 @@ class H1Pool:
         return target
 
     async def post(
-        self, target: Target, headers: Mapping[str, str], body: bytes
+        self,
+        target: Target,
+        headers: Mapping[str, str],
+        body: bytes,
+        head_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send a POST and return once the response head has arrived."""
+        """Send a POST and return once the response head has arrived (within `head_s`,
+        default the pool's `read_s`)."""
+        timeouts = (
+            self.timeouts if head_s is None else dataclasses.replace(self.timeouts, read_s=head_s)
+        )
         lines = [b"POST ", target.path, b" HTTP/1.1\r\nhost: ", target.host_header, b"\r\n"]
         for name, value in headers.items():
             encoded = value.encode("latin-1")
@@ -344,7 +365,7 @@ class H1Pool:
         conn, reused = await self._acquire(target)
         while True:
             try:
-                await conn.send(head, body, self.timeouts)
+                await conn.send(head, body, timeouts)
                 return UpstreamResponse(self, conn)
             except BaseException as exc:
                 conn.reusable = False

@@ -43,6 +43,7 @@ class InstanceHealth:
     last_check: float | None = None  # wall time
     last_latency_s: float | None = None
     discovered_models: list[str] = field(default_factory=list)
+    half_open: bool = False  # back from unhealthy, on trial until a request succeeds
 
     @property
     def healthy(self) -> bool:
@@ -57,6 +58,11 @@ class InstanceHealth:
             "consecutive_successes": self.consecutive_successes,
             "last_check": self.last_check,
             "last_latency_s": self.last_latency_s,
+            "breaker": "open"
+            if self.state == "unhealthy"
+            else "half_open"
+            if self.half_open
+            else "closed",
         }
 
 
@@ -73,6 +79,8 @@ class HealthChecker:
         self._instances = {i.id: i for i in instances}
         self._retired: dict[str, InstanceSettings] = {}  # removed, still resolvable by URL
         self.draining: set[str] = set()
+        # called with (instance, reason) when health checks open its breaker
+        self.on_unhealthy: list[Callable[[str, str], None]] = []
         self._settings = settings
         self._client = client
         self._metrics = metrics
@@ -157,21 +165,39 @@ class HealthChecker:
         # a new instance joins on its first good check; a failed one must prove itself
         needed = 1 if h.state == "unknown" else self._settings.success_threshold
         if not h.healthy and h.consecutive_successes >= needed:
+            h.half_open = h.state == "unhealthy"  # back on trial until a request succeeds
             self._set(h, "healthy", f"{h.consecutive_successes} consecutive health checks passed")
 
-    def record_failure(self, instance_id: str, reason: str) -> None:
+    def record_failure(self, instance_id: str, reason: str, *, probe: bool = False) -> None:
+        """A failed health check (`probe`) or request. Past `failure_threshold` in a row the
+        breaker opens (unhealthy); half-open (just back), one failed request opens it again.
+        Only probes fail the requests in flight there: one request's failure says little
+        about the streams the instance is serving well."""
         h = self.health.get(instance_id)
         if h is None:  # removed meanwhile (a request still in flight there failed)
             return
         h.consecutive_successes = 0
         h.consecutive_failures += 1
         h.last_check = time.time()
-        if h.state != "unhealthy" and h.consecutive_failures >= self._settings.failure_threshold:
-            self._set(
-                h, "unhealthy", f"{h.consecutive_failures} consecutive failures; last: {reason}"
-            )
+        needed = 1 if h.half_open and not probe else self._settings.failure_threshold
+        if h.state != "unhealthy" and h.consecutive_failures >= needed:
+            why = f"{h.consecutive_failures} consecutive failures; last: {reason}"
+            if h.half_open and not probe:
+                why = f"failed while half-open: {reason}"
+            h.half_open = False
+            self._set(h, "unhealthy", why)
+            if probe:
+                for listener in self.on_unhealthy:
+                    listener(instance_id, why)
         elif h.state == "unhealthy":
             h.reason = f"{h.consecutive_failures} consecutive failures; last: {reason}"
+
+    def record_served(self, instance_id: str) -> None:
+        """A request succeeded there: a half-open breaker closes."""
+        h = self.health.get(instance_id)
+        if h is not None and h.half_open:
+            h.half_open = False
+            log.info("instance %s: breaker closed (a request succeeded)", instance_id)
 
     def _set(self, h: InstanceHealth, state: HealthState, reason: str) -> None:
         log.info(
@@ -200,17 +226,19 @@ class HealthChecker:
         try:
             resp = await self._client.get(f"{inst.url}/health", timeout=timeout)
         except httpx.HTTPError as exc:
-            self.record_failure(instance_id, f"/health: {type(exc).__name__}: {exc}".rstrip(": "))
+            why = f"/health: {type(exc).__name__}: {exc}".rstrip(": ")
+            self.record_failure(instance_id, why, probe=True)
             return
         if resp.status_code != 200:
-            self.record_failure(instance_id, f"/health answered {resp.status_code}")
+            self.record_failure(instance_id, f"/health answered {resp.status_code}", probe=True)
             return
         h = self.health.get(instance_id)
         if h is not None and not inst.models and not h.discovered_models:
             try:
                 await self._discover_models(inst, timeout)
             except (httpx.HTTPError, ValueError) as exc:
-                self.record_failure(instance_id, f"/v1/models: {type(exc).__name__}: {exc}")
+                why = f"/v1/models: {type(exc).__name__}: {exc}"
+                self.record_failure(instance_id, why, probe=True)
                 return
         self.record_success(instance_id, time.monotonic() - started)
 

@@ -42,6 +42,13 @@ class GatewayMetrics:
             ["instance", "kind"],
             registry=r,
         )
+        self.continuations = Counter(
+            "warmgate_continuations_total",
+            "Streams continued on another instance after their engine failed mid-stream, "
+            "by outcome (continued, impossible, failed).",
+            ["outcome"],
+            registry=r,
+        )
         self.failovers = Counter(
             "warmgate_failovers",
             "Requests retried on a fallback instance after a failure before the first byte.",

@@ -21,7 +21,7 @@ import time
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from gateway.disconnect import ClientDisconnected, race_disconnect
+from gateway.disconnect import Abandoned, ClientDisconnected, race_disconnect
 from gateway.errors import (
     OpenAIError,
     bad_gateway,
@@ -29,12 +29,14 @@ from gateway.errors import (
     no_healthy_instance,
 )
 from gateway.exchange import Exchange
-from gateway.h1pool import UpstreamError, UpstreamLocalError, UpstreamTimeout
+from gateway.h1pool import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
+from gateway.inflight import Attempt, inflight_of
 from gateway.parse import ParsedRequest, upstream_body
+from gateway.resume import resumer as _resumer
 from gateway.roles import access_of
 from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
-from gateway.upstream import AttemptFailed, assemble, stream, whole
+from gateway.upstream import AttemptFailed, Resume, assemble, stream, whole
 from router.types import NoCandidateError
 
 log = logging.getLogger("warmgate.proxy")
@@ -115,7 +117,10 @@ async def proxy_completion(
             log.info("failing over to %s after: %s", instance, last, extra={"instance": instance})
         state.router.on_dispatch(rr, decision, instance)
         try:
-            return await _attempt(state, request, ex, instance, path, body, headers)
+            resume = None
+            if parsed.stream and state.settings.continue_streams:
+                resume = _resumer(state, ex, path, headers, order[attempt + 1 :] or order)
+            return await _attempt(state, request, ex, instance, path, body, headers, resume)
         except AttemptFailed as failed:
             ex.attempt_failed(instance, failed.kind, str(failed))
             last = failed
@@ -176,11 +181,41 @@ async def _attempt(
     path: str,
     body: bytes,
     headers: dict[str, str],
+    resume: Resume | None = None,
 ) -> Response:
     target = state.upstream.target(state.health.instance_url(instance) + path)
+    attempt = inflight_of(state).begin(instance)
     try:
-        resp = await race_disconnect(request, state.upstream.post(target, headers, body))
+        return await _attempt_on(
+            state, request, ex, instance, target, body, headers, attempt, resume
+        )
+    finally:
+        if not attempt.streaming:
+            inflight_of(state).end(attempt)  # a relayed stream ends it when it ends
+
+
+async def _attempt_on(
+    state: AppState,
+    request: Request,
+    ex: Exchange,
+    instance: str,
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    attempt: Attempt,
+    resume: Resume | None,
+) -> Response:
+    # a streamed answer must start within first_byte_s; a whole one takes its generation
+    streamed = ex.parsed.stream or state.settings.stream_upstream
+    head_s = state.settings.timeouts.first_byte_s if streamed else None
+    post = state.upstream.post(target, headers, body, head_s)
+    try:
+        resp = await race_disconnect(request, post, attempt.abandoned)
+    except Abandoned as exc:
+        raise AttemptFailed("hung", str(exc)) from None
     except UpstreamTimeout as exc:
+        if head_s is not None:  # accepted and never answered: a hung engine looks so
+            state.health.record_failure(instance, f"no response head within {head_s:g} s")
         raise AttemptFailed("timeout", f"{instance}: {type(exc).__name__}: {exc}") from None
     except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
         raise AttemptFailed("local", f"{instance}: {exc}") from None
@@ -214,8 +249,9 @@ async def _attempt(
             media_type="application/json",
             headers=ex.routing_headers(instance),
         )
+    attempt.response = resp
     if ex.parsed.stream:
-        return await stream(request, ex, instance, resp)
+        return await stream(request, ex, instance, resp, attempt, resume)
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         return await assemble(request, ex, instance, resp)
     return await whole(request, ex, instance, resp)

@@ -11,7 +11,9 @@ Each raises `AttemptFailed` for a failure that happened before the client got a 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -19,12 +21,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from gateway.aggregate import StreamAggregator
-from gateway.disconnect import RelayResponse, race_disconnect
+from gateway.continuation import SoFar, Stitcher, so_far
+from gateway.disconnect import Abandoned, RelayResponse, race_disconnect
 from gateway.errors import sse_error_event
 from gateway.exchange import Exchange
 from gateway.h1pool import UpstreamError, UpstreamResponse
+from gateway.inflight import Attempt, inflight_of
 from gateway.jsonc import decode
 from gateway.sse import SseRelay
+
+log = logging.getLogger("warmgate.proxy")
 
 DONE = b"data: [DONE]\n\n"
 _DROP_RESPONSE = {
@@ -71,8 +77,10 @@ async def assemble(
     aggregator = StreamAggregator(ex.parsed.kind)
     relay = SseRelay(strip_usage=False, on_chunk=aggregator.add)
 
+    t = ex.state.settings.timeouts
+
     async def consume() -> None:
-        async for chunk in resp.aiter_bytes():
+        async for chunk in resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s):
             ex.inspect(instance, relay, chunk)
         relay.flush()
 
@@ -88,6 +96,7 @@ async def assemble(
     if not relay.saw_done:
         raise AttemptFailed("truncated", f"{instance}: the stream ended before [DONE]")
     ex.complete(instance, "ok", ok=True, usage=aggregator.usage)
+    ex.state.health.record_served(instance)
     headers = {k: v for k, v in response_headers(resp, ex, instance).items() if k != "content-type"}
     return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
 
@@ -108,16 +117,39 @@ async def whole(request: Request, ex: Exchange, instance: str, resp: UpstreamRes
     except ValueError:
         pass
     ex.complete(instance, "ok", ok=True, usage=usage)
+    ex.state.health.record_served(instance)
     return Response(
         content, status_code=resp.status_code, headers=response_headers(resp, ex, instance)
     )
 
 
-async def stream(request: Request, ex: Exchange, instance: str, resp: UpstreamResponse) -> Response:
-    it = resp.aiter_bytes()
+@dataclass
+class Resumed:
+    """A continuation under way on another instance: its first chunk already read."""
+
+    instance: str
+    resp: UpstreamResponse
+    it: AsyncIterator[bytes]
+    first: bytes
+    attempt: Attempt
+
+
+Resume = Callable[[SoFar], Awaitable[Resumed | None]]
+
+
+async def stream(
+    request: Request,
+    ex: Exchange,
+    instance: str,
+    resp: UpstreamResponse,
+    attempt: Attempt,
+    resume: Resume | None = None,
+) -> Response:
+    t = ex.state.settings.timeouts
+    it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
     try:
-        first = await race_disconnect(request, _first_chunk(it))
-    except UpstreamError as exc:
+        first = await race_disconnect(request, _first_chunk(it), attempt.abandoned)
+    except (UpstreamError, Abandoned) as exc:
         await resp.aclose()
         raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
     except BaseException:
@@ -127,15 +159,16 @@ async def stream(request: Request, ex: Exchange, instance: str, resp: UpstreamRe
     if not first:
         await resp.aclose()
         raise AttemptFailed("read", f"{instance}: the stream ended before its first byte")
-    relay = SseRelay(strip_usage=not ex.parsed.client_wants_usage)
-    body = _relay(ex, instance, resp, it, first, relay)
+    attempt.streaming = True  # from here the relay owns it (and ends it)
+    run = _Relay(ex, instance, resp, it, attempt, resume)
+    body = run.frames(first)
 
     async def cleanup() -> None:
         await body.aclose()  # runs the relay's own `finally` if it had started
-        await resp.aclose()
+        await run.close()
         # no-op when the relay completed it; else the engine's own bytes decide the outcome
-        if relay.finished:
-            ex.complete(instance, "ok", ok=True, usage=relay.usage)
+        if run.relay.finished:
+            ex.complete(instance, "ok", ok=True, usage=run.relay.usage)
         else:
             ex.complete(instance, "cancelled", ok=False)
 
@@ -148,50 +181,122 @@ async def stream(request: Request, ex: Exchange, instance: str, resp: UpstreamRe
     )
 
 
-async def _relay(
-    ex: Exchange,
-    instance: str,
-    resp: UpstreamResponse,
-    it: AsyncIterator[bytes],
-    first: bytes,
-    relay: SseRelay,
-) -> AsyncGenerator[bytes, None]:
-    """Pass events on as they complete; end cleanly, with an error event, or cancelled."""
-    outcome, ok = "cancelled", False
-    try:
-        for piece in ex.inspect(instance, relay, first):
-            yield piece
-        async for chunk in it:
-            for piece in ex.inspect(instance, relay, chunk):
-                yield piece
-        tail = relay.flush()
-        if tail:
-            yield tail
-        if relay.error is not None:
-            outcome = "upstream_error"
-            ex.midstream_error(instance, "engine_error")
-            if not relay.saw_done:
-                yield DONE
-        elif not relay.saw_done:
-            outcome = "upstream_error"
-            ex.midstream_error(instance, "truncated")
-            yield sse_error_event(
-                "The upstream instance ended the stream early.", code="upstream_error"
-            )
-            yield DONE
-        else:
-            outcome, ok = "ok", True
-    except UpstreamError as exc:
-        outcome = "upstream_error"
-        ex.midstream_error(instance, "midstream")
-        message = f"The upstream instance failed mid-stream ({type(exc).__name__})."
-        yield sse_error_event(message, code="upstream_error")
-        yield DONE
-    finally:
+class _Relay:
+    """One client stream, relayed from one engine or, after a failure mid-stream, from the
+    next (`resume`); it ends cleanly, with an error event, or cancelled."""
+
+    def __init__(
+        self,
+        ex: Exchange,
+        instance: str,
+        resp: UpstreamResponse,
+        it: AsyncIterator[bytes],
+        attempt: Attempt,
+        resume: Resume | None,
+    ) -> None:
+        self.ex = ex
+        self.first_instance = self.instance = instance
+        self.resp, self.it, self.attempt = resp, it, attempt
+        self.resume = resume
+        self.relay = SseRelay(strip_usage=not ex.parsed.client_wants_usage)
+        self.sent: list[bytes] | None = [] if resume is not None else None
+        self.stitch: Stitcher | None = None
+        self.continued_from: list[str] = []
+
+    def _out(self, pieces: list[bytes]) -> list[bytes]:
+        if self.stitch is not None:
+            pieces = [p for p in map(self.stitch, pieces) if p]
+        if self.sent is not None:
+            self.sent.extend(pieces)
+        return pieces
+
+    async def close(self) -> None:
         with anyio.CancelScope(shield=True):
-            await resp.aclose()
-        if outcome == "cancelled" and relay.finished:
-            # The engine had sent everything ([DONE] or finish_reason) when the client
-            # left: a client that closes right after [DONE] got a complete answer.
-            outcome, ok = "ok", True
-        ex.complete(instance, outcome, ok=ok, usage=relay.usage)
+            await self.resp.aclose()
+        inflight_of(self.ex.state).end(self.attempt)
+
+    async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
+        ex = self.ex
+        outcome, ok = "cancelled", False
+        try:
+            pending = first
+            while True:
+                failure, detail = None, ""
+                try:
+                    for piece in self._out(ex.inspect(self.instance, self.relay, pending)):
+                        yield piece
+                    async for chunk in self.it:
+                        for piece in self._out(ex.inspect(self.instance, self.relay, chunk)):
+                            yield piece
+                    tail = self._out([self.relay.flush()])
+                    for piece in tail:
+                        if piece:
+                            yield piece
+                    if self.relay.error is None and not self.relay.saw_done:
+                        failure, detail = "truncated", "ended the stream early"
+                except UpstreamError as exc:
+                    failure, detail = "midstream", f"failed mid-stream ({type(exc).__name__})"
+                if failure is None:
+                    break
+                ex.midstream_error(self.instance, failure)
+                sent = so_far(self.sent, ex.parsed.kind) if self.sent is not None else None
+                if self.relay.saw_finish or (sent is not None and sent.finished):
+                    yield DONE  # the answer was whole; only its end was lost
+                    outcome, ok = "ok", True
+                    return
+                resumed = await self._continue(sent)
+                if resumed is None:
+                    outcome = "upstream_error"
+                    yield sse_error_event(f"The upstream instance {detail}.", code="upstream_error")
+                    yield DONE
+                    return
+                assert self.stitch is not None
+                yield self.stitch.comment()
+                pending = resumed.first
+            if self.relay.error is not None:
+                outcome = "upstream_error"
+                ex.midstream_error(self.instance, "engine_error")
+                if not self.relay.saw_done:
+                    yield DONE
+            else:
+                outcome, ok = "ok", True
+                ex.state.health.record_served(self.instance)
+        finally:
+            await self.close()
+            if outcome == "cancelled" and self.relay.finished:
+                # The engine had sent everything ([DONE] or finish_reason) when the client
+                # left: a client that closes right after [DONE] got a complete answer.
+                outcome, ok = "ok", True
+            ex.complete(self.first_instance, outcome, ok=ok, usage=self.relay.usage)
+
+    async def _continue(self, sent: SoFar | None) -> Resumed | None:
+        metrics = self.ex.state.metrics.continuations
+        if self.resume is None:
+            return None
+        if sent is None:
+            metrics.labels("impossible").inc()
+            return None
+        self.continued_from.append(self.instance)
+        sent.continued_from = list(self.continued_from)
+        resumed = await self.resume(sent)
+        if resumed is None:
+            metrics.labels("failed").inc()
+            return None
+        metrics.labels("continued").inc()
+        await self.close()
+        log.info(
+            "stream continued on %s after %s failed (%d pieces sent)",
+            resumed.instance,
+            self.instance,
+            sent.pieces,
+            extra={"instance": resumed.instance},
+        )
+        self.instance, self.resp, self.it, self.attempt = (
+            resumed.instance,
+            resumed.resp,
+            resumed.it,
+            resumed.attempt,
+        )
+        self.relay = SseRelay(strip_usage=not self.ex.parsed.client_wants_usage)
+        self.stitch = Stitcher(sent, self.ex.parsed.kind, resumed.instance)
+        return resumed
