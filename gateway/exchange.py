@@ -33,6 +33,9 @@ class Exchange:
         self.rr = route_request
         self.decision = decision
         self.started = started
+        # TTFT is timed from here: the request's arrival for the first attempt, the failure
+        # of the previous one after a failover (an instance is judged on its own time only)
+        self.attempt_started = started
         self.request_id = request_id
         self.ttft_s: float | None = None
         self.done = False
@@ -57,7 +60,7 @@ class Exchange:
         """Feed upstream bytes to the relay; note TTFT at the first content chunk."""
         pieces = relay.feed(chunk)
         if relay.saw_content and self.ttft_s is None:
-            self.ttft_s = time.monotonic() - self.started
+            self.ttft_s = time.monotonic() - self.attempt_started
             self.state.router.on_first_token(self.rr, self.decision, instance, self.ttft_s)
         return pieces
 
@@ -71,7 +74,8 @@ class Exchange:
             reported_cached_tokens=None,
             ok=False,
         )
-        self.ttft_s = None  # the next attempt measures its own
+        self.ttft_s = None  # the next attempt measures its own, from now
+        self.attempt_started = time.monotonic()
         self.state.metrics.upstream_errors.labels(instance, kind).inc()
         log.warning(
             "attempt on %s failed (%s): %s",

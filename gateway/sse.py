@@ -2,7 +2,8 @@
 
 Bytes arrive in arbitrary pieces; `SseRelay.feed()` cuts them into complete events (frames end
 with a blank line), inspects each `data:` payload and returns what to pass on:
-- the first chunk carrying content (text, content, reasoning or tool calls) marks TTFT;
+- the first chunk carrying a token (text, content, reasoning or tool calls, even an empty
+  one: a special token prints nothing) marks TTFT;
 - the usage of the stream (the chunk with `usage`, normally the last) is remembered;
 - when the client did not ask for usage (we forced `include_usage` upstream) the usage-only
   chunk is dropped and `"usage": null` keys are removed, so the client sees what it asked for;
@@ -109,18 +110,24 @@ class SseRelay:
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:
+    """The chunk carries a generated token, even one whose text is empty (a special token
+    the engine does not print): a completion choice with `text`, or a chat delta that is
+    not the opening role-only delta. TTFT is when the first token came, not the first
+    visible character."""
     choices = chunk.get("choices")
     if not isinstance(choices, list):
         return False
     for choice in choices:
         if not isinstance(choice, dict):
             continue
-        if choice.get("text"):
+        if "text" in choice or choice.get("finish_reason"):
             return True
         delta = choice.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
-        ):
+        if not isinstance(delta, dict):
+            continue
+        if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+            return True
+        if "role" not in delta and ("content" in delta or "reasoning_content" in delta):
             return True
     return False
 

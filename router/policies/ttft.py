@@ -74,6 +74,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import xxhash
 
@@ -135,20 +136,37 @@ def _explain(s: _Scored) -> CandidateScore:
     )
 
 
+def cost_params(given: CostParams | Mapping[str, Any] | None) -> CostParams:
+    """The cost model's profile from code (a CostParams) or a config file (a mapping of its
+    fields, e.g. `routing.params.params.prefill_per_token_s` in YAML)."""
+    if given is None:
+        return CostParams()
+    if isinstance(given, CostParams):
+        return given
+    if not isinstance(given, Mapping):
+        raise ValueError(f"ttft params must be a mapping of CostParams fields, not {given!r}")
+    known = {f.name for f in dataclasses.fields(CostParams)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"unknown ttft cost params {unknown}; known: {sorted(known)}")
+    return CostParams(**dict(given))
+
+
 class TtftPolicy:
     name = "ttft"
 
     def __init__(
         self,
         *,
-        params: CostParams | None = None,
+        params: CostParams | Mapping[str, Any] | None = None,
         bandwidths: Mapping[str, float] | None = None,
         tie_rel: float = 0.05,
         tie_abs_s: float = 0.01,
         load_cap: float = 3.0,
         load_cap_min: int = 4,
         forgetting: float = 0.98,
-        prior_weight: float = 5.0,
+        prior_weight: float = 2.0,
+        prior_decay: float = 0.7,
         rate_window_s: float = 30.0,
         reuse_budget: float = 0.005,
         reuse_step: float = 0.05,
@@ -168,10 +186,12 @@ class TtftPolicy:
             raise ValueError("load_cap must be >= 1")
         if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
             raise ValueError("kv_capacity_tokens must be positive")
-        base = params or CostParams()
+        base = cost_params(params)
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
-        self.model = TtftCostModel(base, forgetting=forgetting, prior_weight=prior_weight)
+        self.model = TtftCostModel(
+            base, forgetting=forgetting, prior_weight=prior_weight, prior_decay=prior_decay
+        )
         self.tie_rel = tie_rel
         self.stall_weight = stall_weight
         self.tie_abs_s = tie_abs_s

@@ -64,6 +64,30 @@ def test_tier_loads_cost_bytes_over_bandwidth_minus_what_the_queue_hides() -> No
     )
 
 
+@pytest.mark.parametrize("truth", [0.01, 100.0])
+def test_an_engine_100x_off_the_prior_is_tracked_within_a_dozen_requests(truth: float) -> None:
+    """No cap on the speed factor: 100x slower (a CPU engine) or faster than the prior,
+    predictions are within 5% after 12 outcomes of mixed sizes."""
+    model = TtftCostModel(P)
+    errors = []
+    for i in range(40):
+        cached = (i * 997) % 8_000
+        pred = _predict(model, cached_tokens_by_tier={"L1": cached})
+        observed = truth * pred.compute_s
+        errors.append(abs(pred.ttft_s - observed) / observed)
+        model.observe(
+            "a", prompt_tokens=10_000, cached_tokens=cached, ttft_s=observed, prediction=pred
+        )
+    assert errors[0] > 0.9  # the prior was far off
+    assert max(errors[12:]) < 0.05, [round(e, 3) for e in errors]
+    assert model.speed_factor("a") == pytest.approx(truth, rel=0.01)
+
+
+def test_the_default_prior_is_the_generic_one_it_states() -> None:
+    """llm-d-inference-sim's 8B/H100 profile: 30 ms + 250 us per token, 12 ms a step."""
+    assert (P.prefill_overhead_s, P.prefill_per_token_s, P.step_base_s) == (0.030, 250e-6, 0.012)
+
+
 @pytest.mark.parametrize("truth", [0.5, 2.5])
 def test_calibration_converges_toward_observed(truth: float) -> None:
     model = TtftCostModel(P)

@@ -83,9 +83,6 @@ def test_kv_events_topic_defaults_to_vllms() -> None:
 def test_the_hash_seed_rule_says_what_vllm_does() -> None:
     """sha256_cbor without PYTHONHASHSEED is seeded with "vllm-none-hash" (no seed needed);
     only xxhash_cbor is random per process without one."""
-    import pytest
-    from pydantic import ValidationError
-
     from gateway.settings import RoutingSettings
 
     r = RoutingSettings.model_validate({"mode": "precise"})
@@ -94,3 +91,20 @@ def test_the_hash_seed_rule_says_what_vllm_does() -> None:
         RoutingSettings.model_validate(
             {"mode": "precise", "precise": {"vllm_hash_algo": "xxhash_cbor"}}
         )
+
+
+def test_ttft_cost_params_can_be_set_in_yaml(tmp_path: Path) -> None:
+    """routing.params.params is a mapping of CostParams fields in YAML (it crashed startup)."""
+    from gateway.routing import build_router
+
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        "routing:\n  policy: ttft\n  params:\n    prior_weight: 1.0\n"
+        "    params: {prefill_per_token_s: 0.003, prefill_overhead_s: 0.05}\n"
+    )
+    router = build_router(load_settings(path).routing)
+    model = router.policy.model  # type: ignore[attr-defined]
+    assert model.params.prefill_per_token_s == 0.003 and model.prior_weight == 1.0
+    path.write_text("routing:\n  policy: ttft\n  params:\n    params: {per_token: 1}\n")
+    with pytest.raises(ValueError, match="unknown ttft cost params"):
+        build_router(load_settings(path).routing)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from router.cost import CostParams
 from router.policies.base import InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
@@ -178,7 +179,9 @@ def test_a_new_session_avoids_an_instance_whose_hbm_its_sessions_fill() -> None:
     assert decision.instance == "b"
     terms = {c.instance: c.score_terms for c in decision.candidates}
     # starting on a computes 47 - 20 blocks there, all of it pushed out of a full HBM
-    assert terms["a"]["kv_pushed_out_s"] == pytest.approx(27 * BT * 74e-6)
+    assert terms["a"]["kv_pushed_out_s"] == pytest.approx(
+        27 * BT * CostParams().prefill_per_token_s
+    )
     assert terms["b"]["kv_pushed_out_s"] == 0.0
     assert terms["b"]["score"] < terms["a"]["score"]
     stats = aware.stats()
