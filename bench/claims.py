@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.peers import FleetSpec, fleet_with_gateway, tierd_available
+from bench.peers import FleetSpec, fleet_with_gateway
 from bench.replay import ReplayItem, replay
 from bench.report import summarize
 
@@ -81,9 +81,6 @@ async def run_claims(
         "seed_claim": SEED_CLAIM,
         "cases": [],
     }
-    if not tierd_available():
-        out["skipped"] = "tierd is not installed (tierd.serve missing): no tiers to compare"
-        return out
     for level in levels:
         conc = level * spec.instances
         tiers = await _closed_loop(

@@ -62,15 +62,15 @@ def _one(trace_path: str, limit: int | None, config: ClusterConfig, policy: str)
 
 def markdown_table(results: dict[str, Any]) -> str:
     head = (
-        "| policy | requests | token hit | L1 | L2 | array | TTFT p50 s | p90 s | p99 s "
+        "| policy | requests | token hit | HBM | host | array | TTFT p50 s | p90 s | p99 s "
         "| TPOT p50 ms | p99 ms | imbalance | busy | prefill share | conc./inst. |"
     )
     lines = [head, "|" + "---|" * 15]
     for name, r in results["policies"].items():
         t = r["hit_rate_by_tier"]
         lines.append(
-            f"| {name} | {r['requests']} | {r['token_hit_rate']:.3f} | {t['L1']:.3f} "
-            f"| {t['L2']:.3f} | {t['array']:.3f} | {r['ttft_p50_s']:.3f} "
+            f"| {name} | {r['requests']} | {r['token_hit_rate']:.3f} | {t['hbm']:.3f} "
+            f"| {t['host']:.3f} | {t['array']:.3f} | {r['ttft_p50_s']:.3f} "
             f"| {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} "
             f"| {1000 * r['tpot_p50_s']:.1f} | {1000 * r['tpot_p99_s']:.1f} "
             f"| {r['load_imbalance']:.2f} "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import secrets
 import shutil
@@ -114,10 +113,6 @@ def dynamo_missing(python: Path) -> str:
             f"{lines[-1] if lines else probe.returncode} ({' <- '.join(reversed(where))})"
         )
     return "dynamo.vllm imports, but bench.peers has no launcher for Dynamo's frontend + worker"
-
-
-def tierd_available() -> bool:
-    return importlib.util.find_spec("tierd.serve") is not None
 
 
 class Proc:
@@ -226,7 +221,7 @@ class Fleet:
     async def start(self) -> None:
         """Start every tierd, then every engine; return when all answer."""
         spec = self.spec
-        use_tierd = spec.tierd and tierd_available()
+        use_tierd = spec.tierd
         waits = []
         for n in range(spec.instances):
             inst = f"e{n}"

@@ -35,7 +35,7 @@ def build_admin_router() -> APIRouter:
     async def instances(request: Request) -> JSONResponse:
         state = app_state(request)
         block_tokens = state.settings.routing.block_tokens
-        fleet = state.extensions.get("fleet")
+        fleet = state.fleet
         out: list[dict[str, Any]] = []
         for inst in state.health.instances():  # the fleet now (gateway.fleet changes it)
             in_flight, queued = state.router.load.view(inst.id)
@@ -73,7 +73,7 @@ def build_admin_router() -> APIRouter:
     async def session(key: str, request: Request) -> JSONResponse:
         state = app_state(request)
         where = state.router.where(key)
-        binder = state.session_binder()
+        binder = state.bindings
         binding = await binder.binding_of(key) if binder is not None else None
         bound = binding.get("bound_instance") if binding else None
         if binding is not None:

@@ -1,15 +1,15 @@
 """`create_app(settings)`: the gateway as a FastAPI app. Everything it owns (the pooled
-upstream client, health checker, router, metrics, prefetcher, background tasks) is built in
+upstream client, health checker, router, metrics, prefetch hints, background tasks) is built in
 the lifespan, kept on one typed `AppState` (`app.state.warmgate`), and torn down there.
 
-Extensions (shared state, KV events) attach in the lifespan: a module listed in
-`EXTENSIONS` that exists and defines `async def attach(state: AppState) -> None` is called
-after the core is built; it registers its tasks, closers and readiness checks on `state`.
+The optional parts attach in the lifespan, named here: shared state and session bindings
+(`gateway.shared_state`), the KV event consumer (`gateway.kv_events`), runtime fleet
+changes (`gateway.fleet`), rate limits (`gateway.limits`) and the operator page's live data
+(`gateway.ui.live`); each registers its tasks, closers and readiness checks on `state`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,38 +19,35 @@ import httpx
 from fastapi import Depends, FastAPI
 
 from gateway.admin import build_admin_router
+from gateway.asgi_app import GatewayApp
 from gateway.engine_check import check_engines
 from gateway.errors import install_error_handlers
-from gateway.fastpath import GatewayApp
+from gateway.fleet import attach_fleet
 from gateway.fleet_api import build_fleet_router
 from gateway.h1pool import H1Pool, Timeouts
 from gateway.health import HealthChecker
 from gateway.kv_capacity import run_discovery
+from gateway.kv_events import attach_kv_events
 from gateway.kv_resync import attach_health_resync
+from gateway.limits import attach_limits
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
+from gateway.monitoring import build_monitoring_router
 from gateway.openai_api import add_completion_routes, build_openai_router
-from gateway.ops import build_ops_router
-from gateway.prefetch import Prefetcher
+from gateway.prefetch import PrefetchHints
 from gateway.roles import require_admin, require_client
 from gateway.routing import build_router
 from gateway.schema import install_openapi
 from gateway.settings import Settings, load_settings
+from gateway.shared_state import attach_shared_state
 from gateway.state import AppState
 from gateway.stats import GatewayStats
 from gateway.tier_stats import run_poller
 from gateway.tokens import PreciseChains
+from gateway.ui.live import attach_ui
 from gateway.ui.routes import build_ui_admin_router, build_ui_router
 
 log = logging.getLogger("warmgate.app")
-
-EXTENSIONS: tuple[str, ...] = (
-    "gateway.shared",
-    "gateway.kv_events",
-    "gateway.fleet",
-    "gateway.limits",
-    "gateway.ui.live",
-)
 
 
 def build_upstream(settings: Settings) -> H1Pool:
@@ -98,26 +95,15 @@ def build_state(settings: Settings) -> AppState:
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
         health=HealthChecker(settings.instances, settings.health, health_client, metrics),
         router=build_router(settings.routing),
-        prefetcher=Prefetcher(settings.instances, metrics, client, enabled=settings.tiers.prefetch),
+        prefetch=PrefetchHints(
+            settings.instances, metrics, client, enabled=settings.tiers.prefetch
+        ),
         started_at=time.time(),
     )
     state.closers.append(health_client.aclose)
     if settings.routing.mode == "precise":
         state.precise = PreciseChains(settings.routing.precise, client, state.health, state.metrics)
     return state
-
-
-async def _attach_extensions(state: AppState) -> None:
-    for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        attach = getattr(module, "attach", None)
-        if attach is not None:
-            await attach(state)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -135,13 +121,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 state.precise = PreciseChains(
                     checked.precise, state.client, state.health, state.metrics
                 )
-            await _attach_extensions(state)
+            await attach_shared_state(state)
+            await attach_kv_events(state)
+            await attach_fleet(state)  # after the shared state: it publishes through its sync
+            await attach_limits(state)
+            await attach_ui(state)
             attach_health_resync(state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")
-            if state.prefetcher.available:
+            if state.prefetch.available:
                 state.spawn(run_poller(state), "tier-stats")
-            if hasattr(state.router.policy, "set_kv_capacity"):
+            if state.router.policy.wants_kv_capacity:
                 retry_s = settings.health.interval_s
                 state.spawn(run_discovery(state, retry_s=retry_s), "kv-capacity")
             log.info(
@@ -169,6 +159,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(build_fleet_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_ui_admin_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_ui_router())  # a static shell: its data is admin calls
-    app.include_router(build_ops_router())
+    app.include_router(build_monitoring_router())
     app.add_middleware(RequestIdMiddleware)
     return app

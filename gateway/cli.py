@@ -3,7 +3,7 @@ it, imported only when used, so each command's module parses its own flags."""
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
 
@@ -44,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(_usage(), file=sys.stderr)
         return 2
-    module_name, func_name = target.split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
+    func = pkgutil.resolve_name(target)  # our own command module, imported when used
     result: int = func(rest)
     return result
 

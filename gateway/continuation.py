@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.jsonc import decode, encode
+from gateway.json_codec import decode, encode
 from gateway.parse import ParsedRequest
 
 

@@ -29,6 +29,7 @@ from gateway.settings import InstanceSettings
 from gateway.state import AppState
 from gateway.tier_stats import run_poller
 from router.state.base import StateUnavailableError
+from router.state.sync import StateSync
 
 log = logging.getLogger("warmgate.fleet")
 
@@ -152,13 +153,13 @@ class Fleet:
         sync = _sync_of(state)
         if sync is not None and spec.id not in sync.instances:
             sync.instances.append(spec.id)
-        state.prefetcher.add(spec)
-        consumer = state.extensions.get("kv_events")
+        state.prefetch.add(spec)
+        consumer = state.kv_events
         if consumer is not None and spec.kv_events_endpoint:
             consumer.add_source(spec.id, spec.kv_events_endpoint, spec.kv_events_replay_endpoint)
         elif spec.kv_events_endpoint and state.settings.kv_events.enabled:
             log.warning("instance %s: KV events need a consumer started with the gateway", spec.id)
-        if state.prefetcher.available and not _running(state, "tier-stats"):
+        if state.prefetch.available and not _running(state, "tier-stats"):
             state.spawn(run_poller(state), "tier-stats")
         state.spawn(state.health.check(spec.id), f"first-check:{spec.id}")
 
@@ -171,9 +172,9 @@ class Fleet:
             sync.instances.remove(instance_id)
         state.router.load.set_remote(instance_id, 0)
         state.router.index.clear_instance(instance_id)
-        state.prefetcher.remove(instance_id)
+        state.prefetch.remove(instance_id)
         state.tier_stats.pop(instance_id, None)
-        consumer = state.extensions.get("kv_events")
+        consumer = state.kv_events
         if consumer is not None:
             consumer.remove_source(instance_id)
 
@@ -206,9 +207,10 @@ class Fleet:
             await asyncio.sleep(self.poll_interval_s)
 
 
-def _sync_of(state: AppState) -> Any:
-    """The shared-state sync (gateway.shared), whose instance list it publishes counts for."""
-    return getattr(state.extensions.get("shared"), "sync", None)
+def _sync_of(state: AppState) -> StateSync | None:
+    """The shared-state sync (gateway.shared_state), whose instance list it publishes counts
+    for."""
+    return state.bindings.sync if state.bindings is not None else None
 
 
 def _running(state: AppState, name: str) -> bool:
@@ -223,19 +225,20 @@ def build_store(state: AppState) -> FleetStore:
 
 
 def fleet_of(state: AppState) -> Fleet:
-    fleet = state.extensions.get("fleet")
-    assert isinstance(fleet, Fleet), "gateway.fleet is attached in the lifespan"
-    return fleet
+    assert state.fleet is not None, "gateway.fleet is attached in the lifespan"
+    return state.fleet
 
 
-async def attach(state: AppState) -> None:
+async def attach_fleet(state: AppState) -> None:
     """Called from the gateway's lifespan, after the shared state: apply the stored fleet
     before the first request, then keep polling."""
     sync = _sync_of(state)
-    replica = getattr(sync, "replica", None) or state.settings.state.replica_id or "local"
+    replica = (sync.replica if sync is not None else None) or (
+        state.settings.state.replica_id or "local"
+    )
     fleet = Fleet(state, build_store(state), replica)
     with contextlib.suppress(StateUnavailableError):
         await fleet.refresh(force=True)
-    state.extensions["fleet"] = fleet
+    state.fleet = fleet
     state.closers.append(fleet.store.close)
     state.spawn(fleet.run(), "fleet")

@@ -64,10 +64,9 @@ class Inflight:
 
 def inflight_of(state: AppState) -> Inflight:
     """The app's registry (made on first use, and told of instances going unhealthy)."""
-    inflight = state.extensions.get("inflight")
-    if not isinstance(inflight, Inflight):
-        inflight = Inflight()
-        state.extensions["inflight"] = inflight
+    inflight = state.inflight
+    if inflight is None:
+        inflight = state.inflight = Inflight()
 
         def on_unhealthy(instance: str, reason: str) -> None:
             inflight.fail_instance(instance, f"{instance} marked unhealthy: {reason}")

@@ -1,5 +1,6 @@
 """Learns each instance's HBM KV capacity from its engine's Prometheus metrics and hands it
-to the routing policy (`policy.set_kv_capacity(instance, tokens)`, when it has that method;
+to the routing policy (`policy.set_kv_capacity(instance, tokens)`, for a policy that
+`wants_kv_capacity`;
 the `ttft` policy prices the active sessions' KV a placement would push out of HBM).
 
 vLLM publishes its cache configuration as the labels of `vllm:cache_config_info` (value 1):
@@ -42,7 +43,6 @@ async def read_capacity(state: AppState, instance_url: str) -> int | None:
 
 async def discover_once(state: AppState) -> dict[str, int]:
     """Ask every instance once; returns (and hands the policy) the capacities found."""
-    setter = getattr(state.router.policy, "set_kv_capacity", None)
     found: dict[str, int] = {}
     for inst in state.health.instances():  # the fleet as it is now (it changes at runtime)
         try:
@@ -52,8 +52,7 @@ async def discover_once(state: AppState) -> dict[str, int]:
             continue
         if tokens is not None:
             found[inst.id] = tokens
-            if callable(setter):
-                setter(inst.id, tokens)
+            state.router.policy.set_kv_capacity(inst.id, tokens)
     return found
 
 

@@ -2,9 +2,8 @@
 
 Each task receives `topic | seq | payload` messages from its instance's publisher (a vLLM
 engine, `sim.engine --kv-events-endpoint`, or tierd), tracks the sequence number and feeds
-the router's `PrefixIndex` (`router.event_feed.apply_events`: GPU -> L1, CPU -> L2,
-STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> L3; BlockRemoved removes;
-AllBlocksCleared clears the instance).
+the router's `PrefixIndex` (`router.event_feed.apply_events`, mediums as in
+`contracts.tiers`; BlockRemoved removes; AllBlocksCleared clears the instance).
 
 A sequence gap, a publisher restart (the sequence going back) or a batch whose payload does
 not decode (a lost batch, as far as we can tell) clears that instance's entries: stale
@@ -27,6 +26,11 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
+from contracts.kv_events import (
+    MalformedEventError,
+    decode_batch,
+    decode_frames,
+)
 from gateway.kv_replay import ReplayUnavailable, fetch_replay
 from gateway.state import AppState
 from router.event_feed import (
@@ -34,11 +38,6 @@ from router.event_feed import (
     SeqStatus,
     SeqTracker,
     apply_events,
-)
-from router.events import (
-    MalformedEventError,
-    decode_batch,
-    decode_frames,
 )
 
 log = logging.getLogger("warmgate.kv_events")
@@ -289,7 +288,7 @@ class KvEventConsumer:
             self.metrics.batches.labels(stats.instance, outcome).inc()
 
 
-async def attach(state: AppState) -> None:
+async def attach_kv_events(state: AppState) -> None:
     """Called from the gateway's lifespan: consume each instance's KV events when enabled."""
     cfg = state.settings.kv_events
     endpoints = {
@@ -312,7 +311,7 @@ async def attach(state: AppState) -> None:
         replay_endpoints=replays,
     )
     await consumer.start()
-    state.extensions["kv_events"] = consumer
+    state.kv_events = consumer
     state.closers.append(consumer.close)
 
     async def readiness() -> dict[str, Any]:

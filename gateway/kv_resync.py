@@ -21,13 +21,13 @@ def attach_health_resync(state: AppState) -> None:
     """Register the health listener (call after the extensions are attached)."""
 
     def on_change(instance: str, old: HealthState, new: HealthState) -> None:
-        consumer = state.extensions.get("kv_events")
+        consumer = state.kv_events
         if new == "unhealthy":
             state.router.index.clear_instance(instance)
             log.info("instance %s unhealthy: its prefix index entries are dropped", instance)
         elif new == "healthy" and old == "unhealthy":
             state.router.index.clear_instance(instance)
-            if consumer is not None and hasattr(consumer, "resync"):
+            if consumer is not None:
                 state.spawn(consumer.resync(instance, "health recovery"), f"resync:{instance}")
 
     state.health.listeners.append(on_change)

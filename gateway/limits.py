@@ -252,8 +252,8 @@ def too_many(takes: Sequence[Take], verdict: Verdict) -> OpenAIError:
 
 
 def limiter_of(state: AppState) -> Limiter | None:
-    limiter = state.extensions.get("limits")
-    return limiter if isinstance(limiter, Limiter) and limiter.enabled else None
+    limiter = state.limits
+    return limiter if limiter is not None and limiter.enabled else None
 
 
 async def enforce(state: AppState, request: Request, parsed: ParsedRequest) -> None:
@@ -263,7 +263,7 @@ async def enforce(state: AppState, request: Request, parsed: ParsedRequest) -> N
         await limiter.check(presented_key(request), parsed)
 
 
-async def attach(state: AppState) -> None:
+async def attach_limits(state: AppState) -> None:
     """Called from the gateway's lifespan: build the limiter (Redis-backed when shared)."""
     settings = state.settings
     st = settings.state
@@ -271,5 +271,5 @@ async def attach(state: AppState) -> None:
     if st.backend == "redis" and st.redis_url:
         shared = RedisBuckets(st.redis_url, st.pool)
     limiter = Limiter(settings.limits, shared, settings.routing.chars_per_token)
-    state.extensions["limits"] = limiter
+    state.limits = limiter
     state.closers.append(limiter.aclose)

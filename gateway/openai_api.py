@@ -1,7 +1,7 @@
 """The OpenAI-compatible API: `POST /v1/chat/completions`, `POST /v1/completions`,
 `GET /v1/models` (the union of the healthy instances' models).
 
-The two completion endpoints are fast routes of `GatewayApp` (gateway/fastpath.py) that
+The two completion endpoints are fast routes of `GatewayApp` (gateway/asgi_app.py) that
 check the API key themselves: they skip FastAPI's middleware stack and per-route machinery
 (dependency solving, the endpoint wrapper), about a fifth of the gateway's CPU per proxied
 request for nothing they need. Errors still go through the app's
@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.asgi_app import GatewayApp
 from gateway.errors import OpenAIError
-from gateway.fastpath import GatewayApp
 from gateway.limits import enforce
 from gateway.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.proxy import proxy_completion

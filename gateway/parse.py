@@ -15,8 +15,8 @@ from starlette.requests import Request
 
 from gateway.errors import OpenAIError, bad_request, body_too_large
 from gateway.guard_settings import RequestLimits
+from gateway.json_codec import decode_exact, encode
 from gateway.json_guard import check_shape
-from gateway.jsonc import decode_exact, encode
 from gateway.settings import RoutingSettings
 from router.blocks import chain_seed, hash_blocks, render_chat, render_prompt
 from router.types import RouteRequest

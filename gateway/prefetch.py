@@ -4,44 +4,27 @@ Before a request is proxied, the chosen instance's tierd is told which block cha
 and by when (`TierdClient.prefetch(hashes, deadline_s)`), in a background task: the hint
 never delays the request, and its failure is counted, never raised. The same clients poll
 tierd's stats so the routing policy can use measured tier bandwidths (`set_bandwidths`).
-`tierd.client` is optional: without it (or without a `tierd_url`) there are no hints.
+An instance without a `tierd_url` gets no hints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 import httpx
 
 from gateway.metrics import GatewayMetrics
 from gateway.settings import InstanceSettings
+from tierd.client import TierdClient
 
 log = logging.getLogger("warmgate.prefetch")
 
 
-class TierdLike(Protocol):
-    async def prefetch(
-        self, hashes: Sequence[int], deadline_s: float, session: str | None = None
-    ) -> Any: ...
-
-    async def stats(self) -> Any: ...
-
-
-def tierd_client_class() -> Any | None:
-    """`tierd.client.TierdClient` when that module exists, else None."""
-    try:
-        module = importlib.import_module("tierd.client")
-    except ImportError:
-        return None
-    return getattr(module, "TierdClient", None)
-
-
-class Prefetcher:
-    """One tierd client per instance that has a `tierd_url`; fire-and-forget hints."""
+class PrefetchHints:
+    """The gateway's prefetch hints: one tierd client per instance that has a `tierd_url`,
+    fire-and-forget hints. (tierd's side that carries them out is `tierd.prefetch`.)"""
 
     def __init__(
         self,
@@ -56,16 +39,15 @@ class Prefetcher:
         self._enabled = enabled
         self._max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
-        self.clients: dict[str, TierdLike] = {}
+        self.clients: dict[str, TierdClient] = {}
         self._client = client
-        self._cls = tierd_client_class()
         for inst in instances:
             self.add(inst)
 
     def add(self, inst: InstanceSettings) -> None:
         """A tierd client for `inst` when it names a tierd (runtime fleet changes too)."""
-        if self._cls is not None and inst.tierd_url:
-            self.clients[inst.id] = self._cls(inst.tierd_url, client=self._client)
+        if inst.tierd_url:
+            self.clients[inst.id] = TierdClient(inst.tierd_url, client=self._client)
 
     def remove(self, instance_id: str) -> None:
         # The shared httpx client stays open: it belongs to the app, not to this tierd.
@@ -97,7 +79,7 @@ class Prefetcher:
     async def _send(
         self,
         instance: str,
-        client: TierdLike,
+        client: TierdClient,
         hashes: list[int],
         deadline_s: float,
         session: str | None,
@@ -116,9 +98,7 @@ class Prefetcher:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         for client in self.clients.values():
-            closer = getattr(client, "aclose", None)
-            if closer is not None:
-                try:
-                    await closer()
-                except Exception as exc:
-                    log.debug("closing a tierd client failed: %r", exc)
+            try:
+                await client.aclose()
+            except Exception as exc:
+                log.debug("closing a tierd client failed: %r", exc)

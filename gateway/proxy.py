@@ -21,6 +21,7 @@ import time
 from fastapi.responses import Response
 from starlette.requests import Request
 
+from gateway.accounting import RequestAccounting
 from gateway.disconnect import Abandoned, ClientDisconnected, race_disconnect
 from gateway.errors import (
     OpenAIError,
@@ -28,7 +29,6 @@ from gateway.errors import (
     model_not_found,
     no_healthy_instance,
 )
-from gateway.exchange import Exchange
 from gateway.h1pool import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.inflight import Attempt, inflight_of
 from gateway.parse import ParsedRequest, upstream_body
@@ -84,7 +84,7 @@ async def proxy_completion(
     if not candidates:
         raise no_healthy_instance(parsed.model, retry_after)
     rr = await request_for_routing(state, parsed, candidates)
-    shared = state.session_binder()  # gateway/shared.py: cross-replica session binding
+    shared = state.bindings  # gateway/session_bindings.py: cross-replica session binding
     if shared is not None:
         await shared.lookup(rr)
     try:
@@ -94,9 +94,9 @@ async def proxy_completion(
     if shared is not None:
         decision = shared.bind(rr, decision, candidates)
     state.metrics.decisions.labels(decision.instance, decision.policy).inc()
-    ex = Exchange(state, parsed, rr, decision, started, request_id)
-    if state.prefetcher.wants(decision.instance):
-        state.prefetcher.hint(
+    ex = RequestAccounting(state, parsed, rr, decision, started, request_id)
+    if state.prefetch.wants(decision.instance):
+        state.prefetch.hint(
             decision.instance,
             hint_chain(state, parsed, rr),
             state.settings.tiers.prefetch_deadline_s,
@@ -176,7 +176,7 @@ def _request_fault(failed: AttemptFailed) -> bool:
 async def _attempt(
     state: AppState,
     request: Request,
-    ex: Exchange,
+    ex: RequestAccounting,
     instance: str,
     path: str,
     body: bytes,
@@ -197,7 +197,7 @@ async def _attempt(
 async def _attempt_on(
     state: AppState,
     request: Request,
-    ex: Exchange,
+    ex: RequestAccounting,
     instance: str,
     target: Target,
     body: bytes,

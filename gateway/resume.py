@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 
+from gateway.accounting import RequestAccounting
 from gateway.continuation import SoFar, continuation_body
-from gateway.exchange import Exchange
 from gateway.h1pool import UpstreamError
 from gateway.inflight import inflight_of
-from gateway.jsonc import encode
+from gateway.json_codec import encode
 from gateway.state import AppState
 from gateway.upstream import Resume, Resumed
 
@@ -18,7 +18,7 @@ log = logging.getLogger("warmgate.proxy")
 
 
 def resumer(
-    state: AppState, ex: Exchange, path: str, headers: dict[str, str], order: list[str]
+    state: AppState, ex: RequestAccounting, path: str, headers: dict[str, str], order: list[str]
 ) -> Resume:
     tried: set[str] = set()
 

@@ -95,11 +95,9 @@ class Access:
 
 
 def access_of(state: AppState) -> Access:
-    access = state.extensions.get("access")
-    if not isinstance(access, Access):
-        access = Access(state.settings)
-        state.extensions["access"] = access
-    return access
+    if state.access is None:
+        state.access = Access(state.settings)
+    return state.access
 
 
 def presented_key(request: Request) -> bytes | None:

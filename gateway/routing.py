@@ -23,10 +23,6 @@ def build_router(settings: RoutingSettings) -> Router:
     return Router(policy, index, LoadView())
 
 
-def policy_names() -> list[str]:
-    return default_registry().names()
-
-
 async def request_for_routing(
     state: AppState, parsed: ParsedRequest, candidates: Sequence[str]
 ) -> RouteRequest:

@@ -1,5 +1,5 @@
 """`/openapi.json`: the shapes the gateway really accepts and answers, for clients and
-fuzzers. The completion endpoints are fast routes (gateway/fastpath.py) that read their body
+fuzzers. The completion endpoints are fast routes (gateway/asgi_app.py) that read their body
 themselves, so their request and response bodies are described here, from the same limits
 the parser enforces (gateway/parse.py owns the checks; these models only document them)."""
 

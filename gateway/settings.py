@@ -133,7 +133,7 @@ class HealthSettings(BaseModel):
 
 
 class StateSettings(BaseModel):
-    """Shared state between gateway replicas (gateway/shared.py)."""
+    """Shared state between gateway replicas (gateway/shared_state.py, session_bindings.py)."""
 
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.jsonc import decode, encode
+from gateway.json_codec import decode, encode
 
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a string value, not null
 

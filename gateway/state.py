@@ -1,20 +1,20 @@
 """`AppState`: everything one gateway app owns, built in its lifespan and torn down there.
 
-Extensions (shared state, KV events) hang themselves on it from the lifespan:
+The optional parts (shared state with its session bindings, the KV event consumer) are
+attached by the lifespan (`gateway.app`), each onto its own field, and use:
 - `background`: start long-running tasks with `spawn()`; they are cancelled at shutdown;
 - `closers`: async callables run at shutdown, last added first;
 - `readiness`: named checks reported in `/readyz` detail; a check returning `ok: False`
-  with `required: True` makes `/readyz` answer 503;
-- `extensions`: a place for their objects, by name.
+  with `required: True` makes `/readyz` answer 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from starlette.requests import Request
@@ -22,29 +22,24 @@ from starlette.requests import Request
 from gateway.h1pool import H1Pool
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
-from gateway.prefetch import Prefetcher
+from gateway.prefetch import PrefetchHints
 from gateway.settings import Settings
 from gateway.stats import GatewayStats
 from gateway.tokens import PreciseChains
 from router.router import Router
-from router.types import Decision, RouteRequest
+
+if TYPE_CHECKING:
+    from gateway.fleet import Fleet
+    from gateway.inflight import Inflight
+    from gateway.kv_events import KvEventConsumer
+    from gateway.limits import Limiter
+    from gateway.roles import Access
+    from gateway.session_bindings import SessionBindings
+    from gateway.ui.live import UiRuntime
 
 log = logging.getLogger("warmgate.app")
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
-
-
-@runtime_checkable
-class SessionBinder(Protocol):
-    """Keeps a player's turns on one instance across gateway replicas (gateway/shared.py,
-    registered as `extensions["shared"]`): `lookup()` before routing, `bind()` right after,
-    with nothing awaited in between."""
-
-    async def lookup(self, rr: RouteRequest) -> str | None: ...
-
-    def bind(self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]) -> Decision: ...
-
-    async def binding_of(self, key: str) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -58,24 +53,20 @@ class AppState:
     stats: GatewayStats
     health: HealthChecker
     router: Router
-    prefetcher: Prefetcher
+    prefetch: PrefetchHints
     started_at: float
     precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
-    extensions: dict[str, Any] = field(default_factory=dict)
+    bindings: SessionBindings | None = None  # gateway.shared_state: cross-replica sessions
+    kv_events: KvEventConsumer | None = None  # gateway.kv_events: engines' residency events
+    fleet: Fleet | None = None  # gateway.fleet: runtime fleet changes
+    limits: Limiter | None = None  # gateway.limits: rate limits
+    ui: UiRuntime | None = None  # gateway.ui.live: the operator page's history
+    access: Access | None = None  # gateway.roles: who may call what, built on first use
+    inflight: Inflight | None = None  # gateway.inflight: attempts in flight, built on first use
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
-    # isinstance() on a runtime-checkable protocol costs ~10 µs: checked once per object
-    _binder_checked: tuple[object, bool] = field(default=(None, False), repr=False)
-
-    def session_binder(self) -> SessionBinder | None:
-        binder = self.extensions.get("shared")
-        if binder is None:
-            return None
-        if self._binder_checked[0] is not binder:
-            self._binder_checked = (binder, isinstance(binder, SessionBinder))
-        return cast(SessionBinder, binder) if self._binder_checked[1] else None
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run `coro` in the background for the app's lifetime; its failure is logged."""
@@ -99,7 +90,7 @@ class AppState:
                 await closer()
             except Exception as exc:  # one failing closer must not skip the others
                 log.warning("closer failed: %r", exc)
-        await self.prefetcher.aclose()
+        await self.prefetch.aclose()
         await self.upstream.aclose()
         await self.client.aclose()
 

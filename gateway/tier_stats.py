@@ -1,9 +1,9 @@
 """Polls each instance's tierd stats and hands the measured tier bandwidths to the routing
-policy (`policy.set_bandwidths(instance, {"L2": bps, "array": bps, "L3": bps})`, when the
-policy has that method). The last stats are kept for `/admin/instances`.
+policy (`policy.set_bandwidths(instance, {"host": bps, "array": bps, "snapshot": bps})`, keyed
+by `contracts.tiers.Tier.label`). The last stats are kept for `/admin/instances`.
 
-Bandwidths (bytes per second into L1) come from tierd's `bandwidth_bytes_per_s` (measured
-rates preferred over configured ones; tierd's `snapshot` tier is the router's `L3`).
+Bandwidths (bytes per second into HBM) come from tierd's `bandwidth_bytes_per_s` (measured
+rates preferred over configured ones).
 """
 
 from __future__ import annotations
@@ -13,27 +13,22 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from contracts.tiers import Tier
 from gateway.state import AppState
 
 log = logging.getLogger("warmgate.tiers")
 
-_KEYS = {
-    "L2": ("L2", "l2", "l2_to_l1", "host"),
-    "array": ("array", "ARRAY", "array_to_l1"),
-    "L3": ("L3", "l3", "l3_to_l1", "snapshot", "SNAPSHOT"),
-}
+_LABELS = tuple(t.label for t in Tier if t is not Tier.HBM)
 
 
 def _pick(source: Any) -> dict[str, float]:
     if not isinstance(source, Mapping):
         return {}
     out: dict[str, float] = {}
-    for label, keys in _KEYS.items():
-        for key in keys:
-            value = source.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                out[label] = float(value)
-                break
+    for label in _LABELS:
+        value = source.get(label)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            out[label] = float(value)
     return out
 
 
@@ -50,8 +45,7 @@ def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
 
 
 async def poll_once(state: AppState) -> None:
-    setter = getattr(state.router.policy, "set_bandwidths", None)
-    for instance, client in list(state.prefetcher.clients.items()):
+    for instance, client in list(state.prefetch.clients.items()):
         try:
             stats = await asyncio.wait_for(client.stats(), timeout=state.settings.health.timeout_s)
         except Exception as exc:
@@ -61,8 +55,8 @@ async def poll_once(state: AppState) -> None:
             continue
         state.tier_stats[instance] = dict(stats)
         bandwidths = extract_bandwidths(stats)
-        if bandwidths and callable(setter):
-            setter(instance, bandwidths)
+        if bandwidths:
+            state.router.policy.set_bandwidths(instance, bandwidths)
 
 
 async def run_poller(state: AppState) -> None:

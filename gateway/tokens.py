@@ -14,9 +14,9 @@ approximate mode and the fallback is counted: routing never fails because of it.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
+import pkgutil
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -47,7 +47,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"routing.precise.tokenizer must be 'module:factory', not {spec!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
+    factory = pkgutil.resolve_name(spec)  # a user's tokenizer, named in the settings
     tokenizer: Tokenizer = factory()
     return tokenizer
 

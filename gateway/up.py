@@ -16,7 +16,6 @@ children in order) and logs to a file in the run directory.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import signal
@@ -138,13 +137,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def tierd_available() -> bool:
-    try:
-        return importlib.util.find_spec("tierd.serve") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 @dataclass
 class Child:
     """One supervised process, in its own session, logging to a file."""
@@ -239,7 +231,7 @@ def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, t
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="warmgate-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    use_tierd = not args.no_tierd and tierd_available()
+    use_tierd = not args.no_tierd
     py = sys.executable
     tierds: list[Child] = []
     engines: list[Child] = []

@@ -20,14 +20,14 @@ import anyio
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from gateway.accounting import RequestAccounting
 from gateway.aggregate import StreamAggregator
 from gateway.continuation import SoFar, Stitcher, so_far
 from gateway.disconnect import Abandoned, RelayResponse, race_disconnect
 from gateway.errors import sse_error_event
-from gateway.exchange import Exchange
 from gateway.h1pool import UpstreamError, UpstreamResponse
 from gateway.inflight import Attempt, inflight_of
-from gateway.jsonc import decode
+from gateway.json_codec import decode
 from gateway.sse import SseRelay
 
 log = logging.getLogger("warmgate.proxy")
@@ -63,14 +63,16 @@ async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
         return b""
 
 
-def response_headers(upstream: UpstreamResponse, ex: Exchange, instance: str) -> dict[str, str]:
+def response_headers(
+    upstream: UpstreamResponse, ex: RequestAccounting, instance: str
+) -> dict[str, str]:
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
     headers.update(ex.routing_headers(instance))
     return headers
 
 
 async def assemble(
-    request: Request, ex: Exchange, instance: str, resp: UpstreamResponse
+    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
 ) -> Response:
     """A non-streaming client's answer, assembled from the engine's stream: nothing has
     been sent before the end, so any failure on the way can still fail over."""
@@ -101,7 +103,9 @@ async def assemble(
     return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
 
 
-async def whole(request: Request, ex: Exchange, instance: str, resp: UpstreamResponse) -> Response:
+async def whole(
+    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
+) -> Response:
     try:
         content = await race_disconnect(request, resp.aread())
     except UpstreamError as exc:
@@ -139,7 +143,7 @@ Resume = Callable[[SoFar], Awaitable[Resumed | None]]
 
 async def stream(
     request: Request,
-    ex: Exchange,
+    ex: RequestAccounting,
     instance: str,
     resp: UpstreamResponse,
     attempt: Attempt,
@@ -187,7 +191,7 @@ class _Relay:
 
     def __init__(
         self,
-        ex: Exchange,
+        ex: RequestAccounting,
         instance: str,
         resp: UpstreamResponse,
         it: AsyncIterator[bytes],

@@ -32,7 +32,7 @@ published profile for an 8B model on one H100 (prefill 30 ms + 250 us per uncach
 (its quadratic prefill coefficient, 4.2e-10 s/token^2, is prefill_attention_s / 2 here) and
 KV of 128 KiB per token (Llama-3-8B, bf16). Calibration scales it to the engine at hand.
 
-Also here, the other inputs of the policy's score: `RateMeter` (arrivals per second,
+Also here, the other inputs of the policy's score: `ArrivalRate` (arrivals per second,
 exponentially decayed) and `ReuseBudget` (the price and allowance that bound how much
 cached prompt the policy gives up by choice).
 """
@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from router.types import Tier
+from contracts.tiers import Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class CostParams:
     max_batch_tokens: int = 8192
     kv_bytes_per_token: int = 128 * 1024  # Llama-3-8B, bf16
     bandwidths: Mapping[str, float] = field(
-        default_factory=lambda: {"L2": 25e9, "array": 10e9, "L3": 3e9}
+        default_factory=lambda: {"host": 25e9, "array": 10e9, "snapshot": 3e9}
     )
 
 
@@ -90,7 +90,7 @@ class Prediction(NamedTuple):
         }
 
 
-class RateMeter:
+class ArrivalRate:
     """Arrivals per second, exponentially decayed over `window_s` (O(1) per event)."""
 
     def __init__(self, window_s: float = 30.0) -> None:
@@ -179,7 +179,7 @@ class ReuseBudget:
         return self._lost / self._prompt if self._prompt > 0 else 0.0
 
 
-_L1 = Tier.L1.label
+_HBM = Tier.HBM.label
 
 
 class _InstanceModel:
@@ -243,7 +243,7 @@ class TtftCostModel:
     # -- inputs -------------------------------------------------------------------------
 
     def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
-        """Measured bytes/s into `instance`'s HBM per tier label ("L2", "array", "L3")."""
+        """Measured bytes/s into `instance`'s HBM per tier label ("host", "array", "snapshot")."""
         current = self._bandwidths.setdefault(instance, {})
         for label, bps in bandwidths.items():
             if bps > 0 and math.isfinite(bps):
@@ -270,21 +270,6 @@ class TtftCostModel:
 
     # -- the model ----------------------------------------------------------------------
 
-    def prefill_compute_s(self, uncached: int, cached: int) -> float:
-        p = self.params
-        u, c = float(max(1, uncached)), float(max(0, cached))
-        return (
-            p.prefill_overhead_s
-            + p.prefill_per_token_s * u
-            + p.prefill_attention_s * u * (c + u / 2.0)
-        )
-
-    def decode_step_s(self, sequences: int, kv_tokens: float) -> float:
-        if sequences <= 0:
-            return 0.0
-        p = self.params
-        return p.step_base_s + p.step_per_seq_s * sequences + p.step_per_kv_token_s * kv_tokens
-
     def predict(
         self,
         instance: str,
@@ -306,7 +291,7 @@ class TtftCostModel:
         load = 0.0
         for label, tokens in cached_tokens_by_tier.items():
             cached += tokens
-            if tokens > 0 and label != _L1:
+            if tokens > 0 and label != _HBM:
                 load += tokens * p.kv_bytes_per_token / self.bandwidth(instance, label)
         if cached > prompt_tokens:
             cached = prompt_tokens

@@ -5,9 +5,10 @@ is accepted as is, +1 is in order, a jump forward is a gap (batches were lost), 
 or below the last one is a restart (a new publisher counts from 0 again). On a gap or a
 restart the consumer must drop what it believed about that publisher's instance.
 
-`apply_events` places each event by its medium (GPU -> the instance's L1, CPU -> its L2,
-STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> its L3) and inserts, removes
-or clears. No I/O: the ZMQ consumer and the Redis stream reader both call these.
+`apply_events` places each event by its medium (`contracts.tiers`: GPU -> the instance's
+HBM, CPU -> its host memory, STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> its
+snapshots) and inserts, removes or clears. No I/O: the ZMQ consumer and the Redis stream
+reader both call these.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.events import AllBlocksCleared, BlockStored, KvEvent
+from contracts.kv_events import AllBlocksCleared, BlockStored, KvEvent
+from contracts.tiers import Tier, tier_of_medium
 from router.index import ARRAY
-from router.types import Tier
 
 # ---- sequencing -------------------------------------------------------------------------
 
@@ -83,19 +84,13 @@ class IndexSink(Protocol):
 def medium_target(
     instance: str, medium: str | None, array_id: str = ARRAY
 ) -> tuple[str, Tier] | None:
-    """Where a medium's blocks live in the index: GPU -> the instance's L1, CPU -> its L2,
-    STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> the instance's L3.
-    None (an unknown medium) means the event is skipped."""
-    m = (medium or "GPU").upper()
-    if m == "GPU":
-        return instance, Tier.L1
-    if m == "CPU":
-        return instance, Tier.L2
-    if m in ("STORAGE", "ARRAY"):
-        return array_id, Tier.ARRAY
-    if m == "SNAPSHOT":
-        return instance, Tier.L3
-    return None
+    """Where a medium's blocks live in the index (`contracts.tiers.tier_of_medium`): the
+    instance's own tier, or for the shared array the array pseudo-instance. None (an unknown
+    medium) means the event is skipped."""
+    tier = tier_of_medium(medium)
+    if tier is None:
+        return None
+    return (array_id if tier is Tier.ARRAY else instance), tier
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
 
 - One table maps `block_hash -> packed int`. Each instance (including the pseudo-instance
   `ARRAY`, the shared storage array) gets a small integer id and a 5-bit field in that int:
-  bit 0 L1 (reported), bit 1 L2, bit 2 ARRAY, bit 3 L3, bit 4 P (predicted L1, from
+  bit 0 HBM (reported), bit 1 HOST, bit 2 ARRAY, bit 3 SNAPSHOT, bit 4 P (predicted HBM, from
   predict-on-route). Packed values repeat a lot, so they are interned (bounded): an entry
   costs a table slot, not an object per instance. The table is `accel.new_block_map()`: a
   C `BlockMap` (open addressing; a 16-byte slot holds the u64 key itself and the value
@@ -53,8 +53,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from typing import TYPE_CHECKING
 
+from contracts.tiers import Tier
 from router import accel
-from router.types import Tier
 
 if TYPE_CHECKING:
     from router._accel import BlockMap
@@ -63,8 +63,8 @@ ARRAY = "__array__"  # pseudo-instance holding the blocks of the shared storage 
 
 _WIDTH = 5
 _FIELD = (1 << _WIDTH) - 1
-_PRED = 4  # bit offset of the predicted-L1 flag inside an instance's field
-_TIER_BIT = {Tier.L1: 0, Tier.L2: 1, Tier.ARRAY: 2, Tier.L3: 3}
+_PRED = 4  # bit offset of the predicted-HBM flag inside an instance's field
+_TIER_BIT = {Tier.HBM: 0, Tier.HOST: 1, Tier.ARRAY: 2, Tier.SNAPSHOT: 3}
 _INTERN_MAX = 1 << 16
 
 DEFAULT_TTL_S = 300.0
@@ -73,13 +73,13 @@ DEFAULT_CAPACITY_BLOCKS = 1 << 20
 
 def _best_tier(field: int) -> Tier | None:
     if field & 0b10001:
-        return Tier.L1
+        return Tier.HBM
     if field & 0b00010:
-        return Tier.L2
+        return Tier.HOST
     if field & 0b00100:
         return Tier.ARRAY
     if field & 0b01000:
-        return Tier.L3
+        return Tier.SNAPSHOT
     return None
 
 
@@ -214,7 +214,7 @@ class PrefixIndex:
         self,
         instance: str,
         hashes: Iterable[int],
-        tier: Tier = Tier.L1,
+        tier: Tier = Tier.HBM,
         now: float | None = None,
         *,
         predicted: bool = False,
@@ -222,7 +222,7 @@ class PrefixIndex:
         """Record that `instance` holds `hashes` in `tier`.
 
         `predicted=False` (KV events): kept until removed. `predicted=True` (predict-on-route,
-        L1 only): expires `ttl_s` after `now` and counts against `capacity_blocks`.
+        HBM only): expires `ttl_s` after `now` and counts against `capacity_blocks`.
         """
         iid = self._id(instance)
         if not predicted:
@@ -230,8 +230,8 @@ class PrefixIndex:
             for h in hashes:
                 self._set(iid, h, bit)
             return
-        if tier != Tier.L1:
-            raise ValueError("predictions are about L1 only")
+        if tier != Tier.HBM:
+            raise ValueError("predictions are about HBM only")
         t = self._clock() if now is None else now
         preds = self._preds[iid]
         self._expire(iid, t)
@@ -251,12 +251,12 @@ class PrefixIndex:
 
     def remove(self, instance: str, hashes: Iterable[int], tier: Tier | None = None) -> None:
         """Forget `hashes` on `instance`: in `tier` only, or in every tier when None.
-        Removing L1 also drops an L1 prediction (the engine said it is gone)."""
+        Removing HBM also drops an HBM prediction (the engine said it is gone)."""
         iid = self._ids.get(instance)
         if iid is None:
             return
         bits = _FIELD if tier is None else 1 << _TIER_BIT[tier]
-        if tier is None or tier == Tier.L1:
+        if tier is None or tier == Tier.HBM:
             bits |= 1 << _PRED
         owner = self._preds[iid].owner
         for h in hashes:

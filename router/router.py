@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.tiers import Tier
 from router.index import PrefixIndex
 from router.load import LoadView
 from router.policies.base import InstanceView, Outcome, Policy
-from router.types import Decision, NoCandidateError, RouteRequest, Tier
+from router.types import Decision, NoCandidateError, RouteRequest
 
 _TIER_BY_LABEL = {t.label: t for t in Tier}
 DEFAULT_SESSIONS_KEPT = 100_000
@@ -98,8 +99,7 @@ class Router:
     def explain(self, request: RouteRequest, candidates: Sequence[str]) -> Decision:
         """The decision `route` would make, as a dry run: a policy that learns or rotates
         as it decides is asked for its `preview`, which changes nothing."""
-        preview: _Decide | None = getattr(self.policy, "preview", None)
-        return self._decide(preview or self.policy.choose, request, candidates)
+        return self._decide(self.policy.preview, request, candidates)
 
     def _decide(
         self, decide: _Decide, request: RouteRequest, candidates: Sequence[str]
@@ -115,13 +115,9 @@ class Router:
         now = self._clock()
         computed = _uncached_tokens(request, decision, instance)
         self.load.on_dispatch(instance, computed)
-        hook: Callable[[RouteRequest, str, int], None] | None = getattr(
-            self.policy, "on_dispatch", None
-        )
-        if hook is not None:
-            hook(request, instance, computed)
+        self.policy.on_dispatch(request, instance, computed)
         if self.predict_on_route and request.block_hashes:
-            self.index.insert(instance, request.block_hashes, Tier.L1, now, predicted=True)
+            self.index.insert(instance, request.block_hashes, Tier.HBM, now, predicted=True)
         self._totals.routed += 1
         self._by_instance[instance] += 1
         for observe in self.dispatch_observers:
@@ -180,7 +176,7 @@ class Router:
                 loaded_tokens_by_tier={
                     _TIER_BY_LABEL[label]: n
                     for label, n in by_tier.items()
-                    if label in _TIER_BY_LABEL and label != Tier.L1.label
+                    if label in _TIER_BY_LABEL and label != Tier.HBM.label
                 },
             )
         )
@@ -189,7 +185,7 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         t = self._totals
-        policy_stats = getattr(self.policy, "stats", None)  # what a learning policy knows
+        policy_stats = self.policy.stats()  # what a learning policy knows
         return {
             "policy": self.policy.name,
             "routed": t.routed,
@@ -203,7 +199,7 @@ class Router:
             "routed_by_instance": dict(self._by_instance),
             "load": self.load.snapshot(),
             "index": dict(self.index.stats()),
-            **({"policy_stats": policy_stats()} if callable(policy_stats) else {}),
+            **({"policy_stats": policy_stats} if policy_stats is not None else {}),
         }
 
     def where(self, key: str | Sequence[int], block_tokens: int | None = None) -> dict[str, Any]:

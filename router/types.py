@@ -6,24 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import overload
-
-
-class Tier(IntEnum):
-    """Where a block's KV sits, fastest first. The value orders tiers by cost."""
-
-    L1 = 0  # accelerator memory (HBM) of that instance
-    L2 = 1  # that instance's host/local tier
-    ARRAY = 2  # the shared storage array: reachable from every instance
-    L3 = 3  # cold snapshots
-
-    @property
-    def label(self) -> str:
-        return _TIER_LABELS[self]
-
-
-_TIER_LABELS = {Tier.L1: "L1", Tier.L2: "L2", Tier.ARRAY: "array", Tier.L3: "L3"}
 
 
 @dataclass(frozen=True, slots=True)

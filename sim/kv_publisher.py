@@ -4,7 +4,7 @@ Binds a PUB socket (like vLLM's `--kv-events-config` publisher) and sends each b
 three frames `topic | seq (8-byte big-endian, from 0, +1 a batch) | msgpack EventBatch`,
 in either encoding (`map`, vLLM's current one, or `array`). Sends never block: a PUB socket
 drops messages for a subscriber past its high-water mark, which subscribers see as a
-sequence gap. The codec is `router.events`, so what this publishes is exactly what the
+sequence gap. The codec is `contracts.kv_events`, so what this publishes is exactly what the
 gateway's consumer decodes. `send_raw` exists for tests that need malformed messages.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from router.events import (
+from contracts.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

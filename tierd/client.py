@@ -3,8 +3,8 @@
 Intended use::
 
     async with TierdClient("http://127.0.0.1:8101") as tierd:
-        # gateway, before proxying a routed request (fire and forget, never awaited long):
-        tierd.hint(chain, deadline_s=0.3, session=player_id)
+        # gateway, before proxying a routed request (in a background task):
+        await tierd.prefetch(chain, deadline_s=0.3, session=player_id)
         # engine, before prefill: how much of the prompt's chain is where
         where = await tierd.lookup(chain)          # {"available": n, "tiers": [...], ...}
         for h in chain[: where["available"]]:
@@ -16,13 +16,11 @@ Intended use::
 
 Hashes are unsigned 64-bit ints (the router's block hashes). Every call raises
 `httpx.HTTPError` on transport failure and `TierdError` on an error answer, except
-`get_slice` (None on 404) and `hint` (never raises; failures are counted in `hint_errors`).
+`get_slice` (None on 404).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -51,8 +49,6 @@ class TierdClient:
         self.base_url = base_url.rstrip("/")
         self._own = client is None
         self._http = client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
-        self._hints: set[asyncio.Task[None]] = set()
-        self.hint_errors = 0
 
     async def __aenter__(self) -> TierdClient:
         return self
@@ -63,11 +59,6 @@ class TierdClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        for t in list(self._hints):
-            t.cancel()
-        for t in list(self._hints):
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
         if self._own:
             await self._http.aclose()
 
@@ -93,24 +84,6 @@ class TierdClient:
         body = {"hashes": list(hashes), "deadline_s": deadline_s, "session": session, "wait": wait}
         result: dict[str, Any] = await self._json("POST", "/v1/prefetch", body)
         return result
-
-    def hint(self, hashes: Sequence[int], deadline_s: float, session: str | None = None) -> None:
-        """Fire-and-forget prefetch: schedules the request and returns at once."""
-
-        async def send() -> None:
-            try:
-                await self.prefetch(hashes, deadline_s, session)
-            except (httpx.HTTPError, TierdError):
-                self.hint_errors += 1
-
-        task = asyncio.create_task(send())
-        self._hints.add(task)
-        task.add_done_callback(self._hints.discard)
-
-    async def flush_hints(self) -> None:
-        """Wait until the hints sent so far have been answered (or failed)."""
-        while self._hints:
-            await asyncio.gather(*list(self._hints), return_exceptions=True)
 
     async def lookup(self, hashes: Sequence[int]) -> dict[str, Any]:
         """`available` (leading run held anywhere), `tiers` (its tier per block), `leading`

@@ -34,7 +34,7 @@ class StoreCounters:
     idle_snapshots: int = 0
 
 
-class RateMeter:
+class ThroughputMeter:
     """A tier's throughput over its last `window` transfers: bytes ÷ time the tier was busy.
 
     Transfers overlap (parallel reads, queued emulated links), so each one adds only the part

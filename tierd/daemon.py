@@ -13,7 +13,7 @@ from tierd import events as ev
 from tierd.events import EventPublisher
 from tierd.kvserver import KvServer
 from tierd.loader import Loader
-from tierd.prefetch import Prefetcher
+from tierd.prefetch import ChainPrefetcher
 from tierd.settings import TierdSettings
 from tierd.snapshotter import Snapshotter
 from tierd.stats import store_stats
@@ -41,7 +41,7 @@ class Daemon:
         )
         self.store = TieredStore(settings, self.events, clock)
         self.loader = Loader(self.store)
-        self.prefetcher = Prefetcher(self.store, self.loader)
+        self.prefetcher = ChainPrefetcher(self.store, self.loader)
         self.snapshotter = Snapshotter(self.store)
         self.kv: KvServer | None = None
         if settings.kv_socket is not None:

@@ -1,16 +1,17 @@
-"""Residency events in vLLM's KV event format (PROTOCOLS §1), published by each tierd.
+"""Residency events of one tierd, published through the shared codec (`contracts.kv_events`,
+vLLM's KV event format, PROTOCOLS §1).
 
 Events are queued synchronously by the store (no I/O on its path) and flushed as one
-`EventBatch` every `flush_interval_s`: msgpack ``[ts, [event, ...]]`` with events in the
-array encoding, ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-lora_id, medium, lora_name]``, ``["BlockRemoved", block_hashes, medium]`` and
-``["AllBlocksCleared"]``. Mediums: ``GPU`` (L1), ``ARRAY`` (L2 shared array), ``SNAPSHOT``
-(L3). tierd knows a slice's token count, not its token ids: ``token_ids`` is empty and
-``block_size`` carries the count (0 when unknown). Each batch goes out on a ZMQ PUB socket
-(frames: topic, 8-byte big-endian seq from 0, payload) and, when Redis is configured, is
-XADDed to ``warmgate:{<pool>}:events`` with fields ``instance``, ``seq``, ``batch``
-(MAXLEN ~). A failed Redis write is counted and dropped, never retried on the hot path;
-if publishing stalls, at most `max_pending_events` wait (oldest dropped, counted).
+`EventBatch` every `flush_interval_s`, in the array encoding. tierd's locations are named
+`GPU` (its arena), `ARRAY` and `SNAPSHOT` in its own API; on the wire they carry the mediums of
+`contracts.tiers`: the arena is host memory in front of the engine's own cache
+(`Medium.CPU`, `Tier.HOST`), the shared array `Medium.ARRAY`, snapshots `Medium.SNAPSHOT`.
+tierd knows a slice's token count, not its token ids: `token_ids` is empty and `block_size`
+carries the count (0 when unknown). Each batch goes out on a ZMQ PUB socket (frames: topic,
+8-byte big-endian seq from 0, payload) and, when Redis is configured, is XADDed to the pool's
+stream (`contracts.redis_keys`, MAXLEN ~). A failed Redis write is counted and dropped, never
+retried on the hot path; if publishing stalls, at most `max_pending_events` wait (oldest
+dropped, counted).
 """
 
 from __future__ import annotations
@@ -21,20 +22,36 @@ import logging
 import time
 from typing import Any
 
-import msgpack
 import redis.asyncio as aioredis
 import zmq
 from redis.exceptions import RedisError
 
-GPU = "GPU"
+from contracts.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    encode_batch,
+    encode_frames,
+)
+from contracts.redis_keys import (
+    STREAM_FIELD_BATCH,
+    STREAM_FIELD_INSTANCE,
+    STREAM_FIELD_SEQ,
+    stream_key,
+)
+from contracts.tiers import Medium
+
+# tierd's own names for where a slice is (its API: lookup, evict, stats)
+GPU = "GPU"  # its arena (host memory in front of the engine's cache, or a device arena)
 ARRAY = "ARRAY"
 SNAPSHOT = "SNAPSHOT"
 
+# the medium each location carries in KV events (`contracts.tiers`)
+EVENT_MEDIUM = {GPU: Medium.CPU, ARRAY: Medium.ARRAY, SNAPSHOT: Medium.SNAPSHOT}
+
 log = logging.getLogger("tierd.events")
-
-
-def stream_key(pool: str) -> str:
-    return f"warmgate:{{{pool}}}:events"
 
 
 class EventPublisher:
@@ -55,7 +72,7 @@ class EventPublisher:
     ) -> None:
         self.instance_id = instance_id
         self.endpoint = endpoint
-        self.topic = topic.encode()
+        self.topic = topic
         self.redis_url = redis_url
         self.key = stream_key(pool)
         self.maxlen = maxlen
@@ -67,7 +84,7 @@ class EventPublisher:
         self.batches_published = 0
         self.events_published = 0
         self.redis_errors = 0
-        self._pending: list[list[Any]] = []
+        self._pending: list[KvEvent] = []
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._redis: aioredis.Redis | None = None
@@ -114,17 +131,18 @@ class EventPublisher:
         self, medium: str, hashes: list[int], parent: int | None, tokens: int | None
     ) -> None:
         if hashes and self.enabled:
-            self._push(["BlockStored", hashes, parent, [], tokens or 0, None, medium, None])
+            medium = EVENT_MEDIUM.get(medium, medium)
+            self._push(BlockStored(tuple(hashes), parent, (), tokens or 0, None, medium, None))
 
     def removed(self, medium: str, hashes: list[int]) -> None:
         if hashes and self.enabled:
-            self._push(["BlockRemoved", hashes, medium])
+            self._push(BlockRemoved(tuple(hashes), EVENT_MEDIUM.get(medium, medium)))
 
     def all_cleared(self) -> None:
         if self.enabled:
-            self._push(["AllBlocksCleared"])
+            self._push(AllBlocksCleared())
 
-    def _push(self, event: list[Any]) -> None:
+    def _push(self, event: KvEvent) -> None:
         if len(self._pending) >= self.max_pending_events:  # publishing is stuck: shed oldest
             del self._pending[0]
             self.events_dropped += 1
@@ -145,20 +163,23 @@ class EventPublisher:
         while self._pending:
             events = self._pending[: self.max_batch_events]
             del self._pending[: self.max_batch_events]
-            payload: bytes = msgpack.packb([time.time(), events], use_bin_type=True)
+            payload = encode_batch(EventBatch(time.time(), tuple(events)))
             seq = self.seq
             self.seq += 1
             if self._sock is not None:
                 with contextlib.suppress(zmq.Again):
                     self._sock.send_multipart(
-                        [self.topic, seq.to_bytes(8, "big", signed=True), payload],
-                        flags=zmq.NOBLOCK,
+                        encode_frames(self.topic, seq, payload), flags=zmq.NOBLOCK
                     )
             if self._redis is not None:
                 try:
                     await self._redis.xadd(
                         self.key,
-                        {"instance": self.instance_id, "seq": str(seq), "batch": payload},
+                        {
+                            STREAM_FIELD_INSTANCE: self.instance_id,
+                            STREAM_FIELD_SEQ: str(seq),
+                            STREAM_FIELD_BATCH: payload,
+                        },
                         maxlen=self.maxlen,
                         approximate=True,
                     )

@@ -21,7 +21,7 @@ from tierd.loader import Loaded, Loader, Transfer
 from tierd.store import TieredStore
 
 
-class Prefetcher:
+class ChainPrefetcher:
     """Runs prefetch hints against one store."""
 
     def __init__(self, store: TieredStore, loader: Loader) -> None:

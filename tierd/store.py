@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tierd import events as ev
-from tierd.counters import RateMeter, StoreCounters
+from tierd.counters import StoreCounters, ThroughputMeter
 from tierd.emulation import Emulator
 from tierd.events import EventPublisher
 from tierd.eviction import AccessHistory, LruK
@@ -86,7 +86,7 @@ class TieredStore:
         self.snap_ids: dict[int, str] = {}
         self.snapshot_bytes = 0
         self._snap_seq = itertools.count(1)
-        self.meters = {"array": RateMeter(), "snapshot": RateMeter()}
+        self.meters = {"array": ThroughputMeter(), "snapshot": ThroughputMeter()}
         self.ready = False
         self._room = asyncio.Lock()
         self._evicting: set[int] = set()

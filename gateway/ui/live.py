@@ -73,7 +73,7 @@ def _tierd_tiers(stats: dict[str, Any] | None) -> dict[str, Any]:
 def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
     block_tokens = state.settings.routing.block_tokens
     index = state.router.index
-    fleet = state.extensions.get("fleet")
+    fleet = state.fleet
     instances = []
     for inst in state.health.instances():
         h = state.health.health[inst.id]
@@ -115,15 +115,14 @@ def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
 
 
 def ui_of(state: AppState) -> UiRuntime:
-    ui = state.extensions.get("ui")
-    assert isinstance(ui, UiRuntime), "gateway.ui.live is attached in the lifespan"
-    return ui
+    assert state.ui is not None, "gateway.ui.live is attached in the lifespan"
+    return state.ui
 
 
-async def attach(state: AppState) -> None:
+async def attach_ui(state: AppState) -> None:
     cfg = state.settings.ui
     ui = UiRuntime(deque(maxlen=int(cfg.history_s / cfg.sample_interval_s) + 1))
     state.router.dispatch_observers.append(ui.hot.observe)
-    state.extensions["ui"] = ui
+    state.ui = ui
     state.spawn(run_scraper(state, ui.engines, cfg.engine_scrape_s), "ui-engines")
     state.spawn(run_sampler(state, ui), "ui-history")

@@ -5,7 +5,7 @@ admin calls it makes with the key the operator enters (`/admin/ui/state` every s
 
 from __future__ import annotations
 
-from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,7 +21,7 @@ _TYPES = {
 
 
 def _static(name: str) -> bytes:
-    return resources.files("gateway.ui").joinpath("static", name).read_bytes()
+    return (Path(__file__).parent / "static" / name).read_bytes()  # package data
 
 
 def build_ui_router() -> APIRouter:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple
 
-from router.types import Decision, RouteRequest, Tier
+from contracts.tiers import Tier
+from router.types import Decision, RouteRequest
 
 _NOTHING: Mapping[Tier, int] = MappingProxyType({})
 
@@ -44,23 +45,49 @@ class Outcome:
     loaded_tokens_by_tier: Mapping[Tier, int] = field(default_factory=dict)
 
 
-class Policy(Protocol):
+class Policy:
     """Chooses an instance for a request among healthy candidates (never empty).
 
-    Optional methods the router and gateway call when a policy has them:
-    `on_dispatch(request, instance, computed_tokens)` (where a request was actually sent,
-    the choice or a fallback, and the prompt tokens it computes there as predicted),
-    `set_bandwidths(instance, {tier: bytes/s})`, `set_kv_capacity(instance, tokens)`,
-    `stats()`, and `preview(request, candidates)`: the decision `choose` would make, changing
-    no state (explain's dry run; a policy whose `choose` changes nothing needs none)."""
+    A policy subclasses this and implements `choose`; every other hook has a no-op default,
+    so the router and the gateway call them unconditionally (as SMG's policy trait and
+    llm-d's plugin interfaces do):
+    - `preview(request, candidates)`: the decision `choose` would make, changing no state
+      (explain's dry run); the default is `choose` itself, right for a policy whose `choose`
+      changes nothing;
+    - `on_dispatch(request, instance, computed_tokens)`: where a request was actually sent
+      (the choice or a fallback) and the prompt tokens it computes there as predicted;
+    - `observe(outcome)`: learn from a finished request;
+    - `set_bandwidths(instance, {tier label: bytes/s})` (from tierd's stats) and
+      `set_kv_capacity(instance, tokens)` (from the engine's `vllm:cache_config_info`);
+      the gateway discovers capacities only for a policy with `wants_kv_capacity`;
+    - `stats()`: what a learning policy knows, for `/admin` (None: nothing to say).
+    `session_affine` says whether players' session bindings across gateway replicas apply
+    (False for the session-blind baselines)."""
 
-    name: str
+    name: ClassVar[str]
+    session_affine: ClassVar[bool] = True
+    wants_kv_capacity: ClassVar[bool] = False
 
-    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision: ...
+    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        raise NotImplementedError
+
+    def preview(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        return self.choose(request, candidates)
+
+    def on_dispatch(self, request: RouteRequest, instance: str, computed_tokens: int) -> None:
+        return None
 
     def observe(self, outcome: Outcome) -> None:
-        """Learn from a finished request. Policies that learn nothing do nothing."""
-        ...
+        return None
+
+    def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
+        return None
+
+    def set_kv_capacity(self, instance: str, tokens: int) -> None:
+        return None
+
+    def stats(self) -> dict[str, object] | None:
+        return None
 
 
 PolicyFactory = Callable[..., Policy]

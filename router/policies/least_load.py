@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import InstanceView, Policy
 from router.policies.scoring import make_decision, rank_by_load
 from router.types import Decision, RouteRequest
 
 
-class LeastLoadPolicy:
+class LeastLoadPolicy(Policy):
     name = "least_load"
+    session_affine = False  # a session-blind baseline
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         ranked = rank_by_load(candidates)
@@ -22,6 +23,3 @@ class LeastLoadPolicy:
             f"{best.queued_prefill_tokens} queued prefill tokens"
         )
         return make_decision(request, self.name, reason, ranked, candidates)
-
-    def observe(self, outcome: Outcome) -> None:
-        return None

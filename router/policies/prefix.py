@@ -8,9 +8,10 @@ Algorithm (PROTOCOLS §3), load = requests in flight at the router:
 3. Else pick the least loaded instance (later SMG), or with `fallback="smallest_tree"` the
    instance that holds the fewest blocks (the original sgl-router).
 
-SMG's tree per worker is what it routed there (our predict-on-route L1 entries); blocks the
-instance itself holds in L2/L3 (known from events) count as matched too, while the shared
-array does not, as it is equally reachable from everyone (`count_tiers` changes that).
+SMG's tree per worker is what it routed there (our predict-on-route HBM entries); blocks the
+instance itself holds in host memory or snapshots (known from events) count as matched
+too, while the shared array does not, as it is equally reachable from everyone
+(`count_tiers` changes that).
 Ties: least loaded first (then fewer queued prefill tokens), then candidate order.
 """
 
@@ -18,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from router.policies.base import InstanceView, Outcome
+from contracts.tiers import Tier
+from router.policies.base import InstanceView, Policy
 from router.policies.scoring import load_key, make_decision, rank_by_load
-from router.types import Decision, RouteRequest, Tier
+from router.types import Decision, RouteRequest
 
-DEFAULT_COUNT_TIERS = (Tier.L1, Tier.L2, Tier.L3)
+DEFAULT_COUNT_TIERS = (Tier.HBM, Tier.HOST, Tier.SNAPSHOT)
 
 
-class PrefixPolicy:
+class PrefixPolicy(Policy):
     name = "prefix"
 
     def __init__(
@@ -76,6 +78,3 @@ class PrefixPolicy:
             ranked = rank_by_load(candidates)
             reason = f"match rate {rate:.3f} <= {self.cache_threshold}: least loaded"
         return make_decision(request, self.name, reason, ranked, candidates)
-
-    def observe(self, outcome: Outcome) -> None:
-        return None

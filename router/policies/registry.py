@@ -1,9 +1,7 @@
-"""`default_registry()`: every routing policy by name. Policies whose module may not exist
-yet (written by others) are imported lazily inside their factory."""
+"""`default_registry()`: every routing policy by name."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from router.policies.base import Policy, PolicyRegistry
@@ -11,6 +9,7 @@ from router.policies.least_load import LeastLoadPolicy
 from router.policies.prefix import PrefixPolicy
 from router.policies.round_robin import RoundRobinPolicy
 from router.policies.session import SessionPolicy
+from router.policies.ttft import TtftPolicy
 
 
 def _round_robin(**params: Any) -> Policy:
@@ -30,10 +29,7 @@ def _prefix(**params: Any) -> Policy:
 
 
 def _ttft(**params: Any) -> Policy:
-    # written separately; imported when used, so the registry works without it
-    module = importlib.import_module("router.policies.ttft")
-    policy: Policy = module.TtftPolicy(**params)
-    return policy
+    return TtftPolicy(**params)
 
 
 def default_registry() -> PolicyRegistry:

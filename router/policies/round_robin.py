@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import InstanceView, Policy
 from router.policies.scoring import make_decision
 from router.types import Decision, RouteRequest
 
 
-class RoundRobinPolicy:
+class RoundRobinPolicy(Policy):
     name = "round_robin"
+    session_affine = False  # a session-blind baseline
 
     def __init__(self) -> None:
         self._cursor = 0
@@ -30,6 +31,3 @@ class RoundRobinPolicy:
         return make_decision(
             request, self.name, f"rotation slot {start} of {n}", ranked, candidates
         )
-
-    def observe(self, outcome: Outcome) -> None:
-        return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from contracts.tiers import Tier
 from router.policies.base import InstanceView
-from router.types import CandidateScore, Decision, RouteRequest, Tier, ordered_fallbacks
+from router.types import CandidateScore, Decision, RouteRequest, ordered_fallbacks
 
 _LABELS = tuple(t.label for t in sorted(Tier))  # by tier value
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import InstanceView, Policy
 from router.policies.scoring import make_decision, rank_by_load
 from router.types import Decision, RouteRequest
 
@@ -50,7 +50,7 @@ class _Ring:
         return list(seen)
 
 
-class SessionPolicy:
+class SessionPolicy(Policy):
     name = "session"
 
     def __init__(self, *, vnodes: int = 160, eps: float = 0.25) -> None:
@@ -93,6 +93,3 @@ class SessionPolicy:
         return make_decision(
             request, self.name, "all over bound: least loaded", rank_by_load(order), candidates
         )
-
-    def observe(self, outcome: Outcome) -> None:
-        return None

@@ -3,7 +3,7 @@ predicted to be lowest, counting what that choice costs the requests after it.
 
 For every candidate the cost model (`router.cost`) predicts
 `ttft = queue_wait + load + prefill`: the queued prefill work ahead of it, the part of the
-tier loads (bytes of matched L2 / array / L3 blocks / that tier's bandwidth) a prefetch
+tier loads (bytes of matched host / array / snapshot blocks / that tier's bandwidth) a prefetch
 cannot hide behind the queue, and the prefill of the uncached part, all scaled by the
 instance's speed as calibrated from observed TTFTs. Each candidate is scored
 
@@ -78,9 +78,9 @@ from typing import Any
 
 import xxhash
 
-from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCostModel
+from router.cost import ArrivalRate, CostParams, Prediction, ReuseBudget, TtftCostModel
 from router.footprints import SessionFootprints
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
 from router.types import (
     CandidateScore,
@@ -152,8 +152,9 @@ def cost_params(given: CostParams | Mapping[str, Any] | None) -> CostParams:
     return CostParams(**dict(given))
 
 
-class TtftPolicy:
+class TtftPolicy(Policy):
     name = "ttft"
+    wants_kv_capacity = True  # the cost model caps how much KV an instance may be given
 
     def __init__(
         self,
@@ -200,7 +201,7 @@ class TtftPolicy:
         self.reuse = ReuseBudget(
             reuse_budget, reuse_step, price_max=reuse_price_max, burst_prompts=reuse_burst_prompts
         )
-        self._arrivals = RateMeter(rate_window_s)
+        self._arrivals = ArrivalRate(rate_window_s)
         self._clock = clock
         self.saturated_decisions = 0
         self._remembered = remembered
@@ -211,7 +212,7 @@ class TtftPolicy:
         self.footprints = SessionFootprints(default_window_s=session_window_s)
 
     def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
-        """Measured bytes/s per tier label ("L2", "array", "L3") into `instance`'s HBM."""
+        """Measured bytes/s per tier label ("host", "array", "snapshot") into `instance`'s HBM."""
         self.model.set_bandwidths(instance, bandwidths)
 
     def set_kv_capacity(self, instance: str, tokens: int) -> None:
@@ -233,7 +234,7 @@ class TtftPolicy:
         request: RouteRequest,
         candidates: Sequence[InstanceView],
         cap: int,
-        arrivals: RateMeter,
+        arrivals: ArrivalRate,
         reuse: ReuseBudget,
     ) -> tuple[list[_Scored], list[_Scored], bool]:
         """Every candidate scored; those under the load cap (all, when none is); and whether
@@ -310,7 +311,7 @@ class TtftPolicy:
         self,
         request: RouteRequest,
         candidates: Sequence[InstanceView],
-        arrivals: RateMeter,
+        arrivals: ArrivalRate,
         reuse: ReuseBudget,
         *,
         commit: bool,

@@ -1,7 +1,8 @@
 """Redis shared state: the `SharedState` protocol for a pool of gateway replicas.
 
-Keys all start `warmgate:{pool}:` — the braces are a Redis Cluster hash tag, so every key of
-a pool lands on one slot and the multi-key Lua scripts below stay legal there:
+Key names come from `contracts.redis_keys`. Keys all start `warmgate:{pool}:` — the braces
+are a Redis Cluster hash tag, so every key of a pool lands on one slot and the multi-key Lua
+scripts below stay legal there:
 
     session:<key>   string, the bound instance, PX = session TTL
     inflight        hash replica -> JSON {instance: count}
@@ -26,6 +27,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contracts.redis_keys import STREAM_FIELD_BATCH as F_BATCH
+from contracts.redis_keys import STREAM_FIELD_INSTANCE as F_INSTANCE
+from contracts.redis_keys import STREAM_FIELD_SEQ as F_SEQ
+from contracts.redis_keys import PoolKeys
 from router.state.base import ReplicaLoad, Snapshot, StateUnavailableError, StreamEntry
 
 _BIND = """
@@ -117,7 +122,7 @@ class RedisState:
     ) -> None:
         self.pool = pool
         self.url = url
-        self._prefix = f"warmgate:{{{pool}}}:"
+        self.keys = PoolKeys(pool)  # the key names: contracts.redis_keys
         self._stream_maxlen = stream_maxlen
         common: dict[str, Any] = {
             "socket_connect_timeout": timeout_s,
@@ -137,7 +142,7 @@ class RedisState:
         self._unlock = self._r.register_script(_UNLOCK)
 
     def key(self, *parts: str) -> str:
-        return self._prefix + ":".join(parts)
+        return self.keys.key(*parts)
 
     async def ping(self) -> None:
         try:
@@ -158,13 +163,11 @@ class RedisState:
     # -- sessions ------------------------------------------------------------------------
 
     async def bind_session(self, key: str, instance: str, ttl_s: float) -> str:
-        v = await self._call(
-            self._bind(keys=[self.key("session", key)], args=[instance, _ms(ttl_s)])
-        )
+        v = await self._call(self._bind(keys=[self.keys.session(key)], args=[instance, _ms(ttl_s)]))
         return _text(v)
 
     async def get_session(self, key: str, ttl_s: float) -> str | None:
-        v = await self._call(self._r.getex(self.key("session", key), px=_ms(ttl_s)))
+        v = await self._call(self._r.getex(self.keys.session(key), px=_ms(ttl_s)))
         return None if v is None else _text(v)
 
     async def rebind_session(
@@ -172,21 +175,21 @@ class RedisState:
     ) -> str:
         # An empty `expected` never equals a bound instance id, so an existing binding wins.
         args: list[str | int] = [expected or "", instance, _ms(ttl_s)]
-        v = await self._call(self._rebind(keys=[self.key("session", key)], args=args))
+        v = await self._call(self._rebind(keys=[self.keys.session(key)], args=args))
         return _text(v)
 
     async def unbind_session(self, key: str) -> None:
-        await self._call(self._r.delete(self.key("session", key)))
+        await self._call(self._r.delete(self.keys.session(key)))
 
     # -- in-flight counts ----------------------------------------------------------------
 
     async def publish_inflight(self, replica: str, counts: Mapping[str, int], ttl_s: float) -> None:
         body = json.dumps({k: int(v) for k, v in counts.items()}, sort_keys=True)
-        keys = [self.key("inflight"), self.key("replicas")]
+        keys = [self.keys.inflight, self.keys.replicas]
         await self._call(self._publish(keys=keys, args=[replica, _ms(ttl_s), body]))
 
     async def read_inflight(self) -> list[ReplicaLoad]:
-        keys = [self.key("inflight"), self.key("replicas")]
+        keys = [self.keys.inflight, self.keys.replicas]
         flat = await self._call(self._read(keys=keys, args=[]))
         out: list[ReplicaLoad] = []
         for i in range(0, len(flat) - 1, 2):
@@ -202,16 +205,16 @@ class RedisState:
     # -- stream --------------------------------------------------------------------------
 
     async def append_event(self, instance: str, seq: int, batch: bytes) -> str:
-        fields: dict[Any, Any] = {"instance": instance, "seq": str(seq), "batch": bytes(batch)}
+        fields: dict[Any, Any] = {F_INSTANCE: instance, F_SEQ: str(seq), F_BATCH: bytes(batch)}
         v = await self._call(
-            self._r.xadd(self.key("events"), fields, maxlen=self._stream_maxlen, approximate=True)
+            self._r.xadd(self.keys.events, fields, maxlen=self._stream_maxlen, approximate=True)
         )
         return _text(v)
 
     async def read_events(self, after: str, count: int, block_s: float) -> list[StreamEntry]:
         client = self._blocking if block_s > 0 else self._r
         call = client.xread(
-            {self.key("events"): after},
+            {self.keys.events: after},
             count=count,
             block=_ms(block_s) if block_s > 0 else None,
         )
@@ -226,7 +229,7 @@ class RedisState:
         return out
 
     async def oldest_event_id(self) -> str | None:
-        reply = await self._call(self._r.xrange(self.key("events"), "-", "+", count=1))
+        reply = await self._call(self._r.xrange(self.keys.events, "-", "+", count=1))
         return _text(reply[0][0]) if reply else None
 
     # -- snapshot and lock ---------------------------------------------------------------
@@ -237,29 +240,29 @@ class RedisState:
             "stream_id": snapshot.stream_id,
             "written_ms": str(round(snapshot.written_at_s * 1000)),
         }
-        await self._call(self._r.hset(self.key("snapshot"), mapping=mapping))
+        await self._call(self._r.hset(self.keys.snapshot, mapping=mapping))
 
     async def load_snapshot(self) -> Snapshot | None:
-        raw = await self._call(self._r.hgetall(self.key("snapshot")))
+        raw = await self._call(self._r.hgetall(self.keys.snapshot))
         if not raw or b"data" not in raw or b"stream_id" not in raw:
             return None
         written = int(raw.get(b"written_ms", b"0") or 0) / 1000
         return Snapshot(bytes(raw[b"data"]), _text(raw[b"stream_id"]), written)
 
     async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
-        v = await self._call(self._lock(keys=[self.key("lock", name)], args=[owner, _ms(ttl_s)]))
+        v = await self._call(self._lock(keys=[self.keys.lock(name)], args=[owner, _ms(ttl_s)]))
         return bool(int(v))
 
     async def release_lock(self, name: str, owner: str) -> None:
-        await self._call(self._unlock(keys=[self.key("lock", name)], args=[owner]))
+        await self._call(self._unlock(keys=[self.keys.lock(name)], args=[owner]))
 
 
 def _entry(entry_id: str, fields: Mapping[bytes, bytes]) -> StreamEntry:
     """A stream entry; one with missing or garbled fields keeps an empty batch and seq -1
     so the reader counts it as malformed and moves past it."""
     try:
-        seq = int(fields.get(b"seq", b"-1"))
+        seq = int(fields.get(F_SEQ.encode(), b"-1"))
     except ValueError:
         seq = -1
-    instance = _text(fields.get(b"instance", b""))
-    return StreamEntry(entry_id, instance, seq, bytes(fields.get(b"batch", b"")))
+    instance = _text(fields.get(F_INSTANCE.encode(), b""))
+    return StreamEntry(entry_id, instance, seq, bytes(fields.get(F_BATCH.encode(), b"")))

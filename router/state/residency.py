@@ -23,6 +23,13 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from contracts.kv_events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventBatch,
+    MalformedEventError,
+)
+from contracts.tiers import Tier
 from router.event_feed import (
     ApplyCounts,
     IndexSink,
@@ -31,14 +38,7 @@ from router.event_feed import (
     apply_events,
     medium_target,
 )
-from router.events import (
-    AllBlocksCleared,
-    BlockStored,
-    EventBatch,
-    MalformedEventError,
-)
 from router.index import ARRAY
-from router.types import Tier
 
 SNAPSHOT_VERSION = 1
 Where = tuple[str, Tier]

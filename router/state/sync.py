@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from router.events import MalformedEventError, decode_batch
+from contracts.kv_events import MalformedEventError, decode_batch
 from router.index import PrefixIndex
 from router.load import LoadView
 from router.state.base import (

@@ -24,9 +24,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from contracts.tiers import Tier
 from sim.cluster.kvcache import L1Store
 from sim.cluster.request import SimRequest
 from sim.profiles import Profile
+
+_HBM = Tier.HBM.label
 
 
 class InstanceHooks(Protocol):
@@ -140,7 +143,7 @@ class Instance:
         req.cached_tokens = hit
         by_tier: dict[str, int] = {}
         for i in range(matched):
-            tier = req.loaded_from.get(chain[i], "L1")
+            tier = req.loaded_from.get(chain[i], _HBM)
             by_tier[tier] = by_tier.get(tier, 0) + min(bt, req.prompt_tokens - i * bt)
         req.cached_by_tier = by_tier
         # an engine always computes at least the last prompt token

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from contracts.tiers import Tier
 from sim.cluster.simulator import RunRecord
 from sim.traces import TraceRequest
 
-TIER_LABELS = ("L1", "L2", "array")
+TIER_LABELS = (Tier.HBM.label, Tier.HOST.label, Tier.ARRAY.label)
 
 
 def upper_bound_token_hit_rate(trace: Iterable[TraceRequest], block_tokens: int) -> float:

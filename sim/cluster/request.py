@@ -18,7 +18,9 @@ class SimRequest:
     decision: Decision | None = None
     instance: int = -1
     ready_s: float = 0.0  # when its tier loads have landed in L1
-    loaded_from: dict[int, str] = field(default_factory=dict)  # block -> "L2" | "array"
+    loaded_from: dict[int, str] = field(
+        default_factory=dict
+    )  # block -> "host" | "array" (a `Tier.label`)
     # set on admission
     cached_tokens: int = 0
     cached_by_tier: dict[str, int] = field(default_factory=dict)

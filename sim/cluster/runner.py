@@ -28,7 +28,7 @@ def cost_params(profile: Profile) -> CostParams:
         step_per_kv_token_s=profile.step_per_kv_token_s,
         max_batch_tokens=profile.max_batch_tokens,
         kv_bytes_per_token=profile.kv_bytes_per_token,
-        bandwidths={"L2": bw.l2_to_l1, "array": bw.array_to_l1, "L3": bw.l3_to_l1},
+        bandwidths={"host": bw.l2_to_l1, "array": bw.array_to_l1, "snapshot": bw.l3_to_l1},
     )
 
 

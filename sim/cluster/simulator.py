@@ -29,17 +29,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from contracts.tiers import Tier
 from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
 from router.policies.base import Policy
 from router.router import Router
-from router.types import RouteRequest, Tier
+from router.types import RouteRequest
 from sim.cluster.instance import Instance
 from sim.cluster.kvcache import LruStore
 from sim.cluster.request import SimRequest
 from sim.profiles import Profile, get_profile
 from sim.traces import TraceRequest
 
+_HOST, _ARRAY = Tier.HOST.label, Tier.ARRAY.label  # the tiers' JSON labels
 _STEP, _READY = 0, 1
 MODEL = "sim-cluster"
 
@@ -136,7 +138,7 @@ class ClusterSimulator:
                     demote=self._l1_demote_cb(k),
                 )
             )
-            self._links.append({"L2": 0.0, "array": 0.0})
+            self._links.append({_HOST: 0.0, _ARRAY: 0.0})
 
     @property
     def now(self) -> float:
@@ -163,11 +165,11 @@ class ClusterSimulator:
         name = self.names[k]
 
         def demote(block: int) -> None:
-            self._emit(name, [block], Tier.L1, stored=False)
+            self._emit(name, [block], Tier.HBM, stored=False)
             l2 = self.l2[k]
             if l2 is not None:
                 if l2.put(block):
-                    self._emit(name, [block], Tier.L2, stored=True)
+                    self._emit(name, [block], Tier.HOST, stored=True)
             else:
                 self._to_array(block)
 
@@ -177,7 +179,7 @@ class ClusterSimulator:
         name = self.names[k]
 
         def evicted(block: int) -> None:
-            self._emit(name, [block], Tier.L2, stored=False)
+            self._emit(name, [block], Tier.HOST, stored=False)
             self._to_array(block)
 
         return evicted
@@ -196,7 +198,7 @@ class ClusterSimulator:
         heapq.heappush(self._heap, (at_s, self._seq, _STEP, instance, version))
 
     def on_blocks_stored(self, instance: int, blocks: list[int]) -> None:
-        self._emit(self.names[instance], blocks, Tier.L1, stored=True)
+        self._emit(self.names[instance], blocks, Tier.HBM, stored=True)
         if self.config.array_write_through:
             for block in blocks:
                 self._to_array(block)
@@ -240,15 +242,15 @@ class ClusterSimulator:
         inst = self.instances[k]
         j = inst.l1.leading_match(chain)
         l2 = self.l2[k]
-        tokens = {"L2": 0, "array": 0}
+        tokens = {_HOST: 0, _ARRAY: 0}
         bt = self.config.block_tokens
         while j < len(chain):
             block = chain[j]
             if l2 is not None and block in l2:
-                tier = "L2"
+                tier = _HOST
                 l2.touch(block)
             elif block in self.array:
-                tier = "array"
+                tier = _ARRAY
                 self.array.touch(block)
             else:
                 break
@@ -258,7 +260,7 @@ class ClusterSimulator:
         if not req.loaded_from:
             return self.now
         bw = self.profile.bandwidths
-        rates = {"L2": bw.l2_to_l1, "array": bw.array_to_l1}
+        rates = {_HOST: bw.l2_to_l1, _ARRAY: bw.array_to_l1}
         ready = self.now
         links = self._links[k]
         for tier, n in tokens.items():
@@ -274,7 +276,7 @@ class ClusterSimulator:
         inst = self.instances[k]
         loaded = [b for b in req.chain if b in req.loaded_from]
         new = inst.l1.insert_cached(loaded)
-        self._emit(self.names[k], new, Tier.L1, stored=True)
+        self._emit(self.names[k], new, Tier.HBM, stored=True)
         inst.poke(self.now)
 
     # -- the loop -----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The engine's KV cache events, and their publication in vLLM's wire format (PROTOCOLS §1).
 
 The prefix cache records events with full block digests; `to_wire` turns them into the
-shared `router.events` types, whose block hashes are ints (the low 64 bits of the digest,
+shared `contracts.kv_events` types, whose block hashes are ints (the low 64 bits of the digest,
 as vLLM publishes them by default), and `EnginePublisher` sends each scheduler step's
 events as one batch through `sim.kv_publisher` (ZMQ PUB: frames topic | 8-byte big-endian
 seq | msgpack EventBatch, in the `map` or `array` encoding): the same codec the gateway's
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args
 
-from router import events as wire
-from router.events import EventEncoding
+from contracts import kv_events as wire
+from contracts.kv_events import EventEncoding
 from router.precise import event_int
 from sim.kv_publisher import KvEventPublisher
 

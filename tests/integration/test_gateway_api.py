@@ -216,7 +216,7 @@ def test_admin_views(fleet: Fleet, client: httpx.Client) -> None:
     assert stats["cached_tokens"]["requests_with_report"] >= 2
     session = client.get("/admin/sessions/guild/eastvale/player-admin").json()
     assert session["known"] and session["last_instance"] in {e.id for e in fleet.engines}
-    assert session["instances"][session["last_instance"]]["L1"] > 0
+    assert session["instances"][session["last_instance"]]["hbm"] > 0
     assert session["why"]
     assert client.get("/admin/sessions/nobody").status_code == 404
     instances = client.get("/admin/instances").json()["instances"]

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.kv_events import KvEventMetrics
 from gateway.metrics import GatewayMetrics
-from gateway.shared import StateMetrics
+from gateway.shared_state import StateMetrics
 from tests.e2e.fleet import MODEL, Fleet
 from tests.support.procs import free_port
 

@@ -14,10 +14,10 @@ import httpx
 import msgpack
 import pytest
 
+from contracts.kv_events import EventEncoding
+from contracts.tiers import Tier
 from gateway.kv_events import KvEventConsumer
-from router.events import EventEncoding
 from router.index import ARRAY, PrefixIndex
-from router.types import Tier
 from sim.kv_publisher import KvEventPublisher
 from tests.support.procs import ManagedProcess, free_port, python_module
 
@@ -77,12 +77,12 @@ async def test_stored_removed_cleared_reach_the_index(rig: Rig) -> None:
     await rig.pub.stored([5, 6], medium="STORAGE")
     await rig.pub.stored([7], medium="SNAPSHOT")
     await until(lambda: rig.stats()["blocks_stored"] == 7, "7 blocks stored")
-    assert tiers(rig.index, "i0", [1, 2, 3, 4]) == {Tier.L1: 3, Tier.L2: 1}
+    assert tiers(rig.index, "i0", [1, 2, 3, 4]) == {Tier.HBM: 3, Tier.HOST: 1}
     assert tiers(rig.index, "elsewhere", [5, 6]) == {Tier.ARRAY: 2}
-    assert tiers(rig.index, "i0", [7]) == {Tier.L3: 1}
+    assert tiers(rig.index, "i0", [7]) == {Tier.SNAPSHOT: 1}
     await rig.pub.removed([3])
     await until(lambda: rig.stats()["blocks_removed"] == 1, "1 block removed")
-    assert tiers(rig.index, "i0", [1, 2, 3]) == {Tier.L1: 2}
+    assert tiers(rig.index, "i0", [1, 2, 3]) == {Tier.HBM: 2}
     await rig.pub.cleared()
     await until(lambda: rig.stats()["cleared"] == 1, "cleared")
     assert rig.index.blocks_held("i0") == 0
@@ -99,7 +99,7 @@ async def test_a_gap_drops_the_instance_and_is_counted(rig: Rig) -> None:
     await until(lambda: rig.stats()["gaps"] == 1, "gap seen")
     assert rig.stats()["missed_batches"] == 3
     assert tiers(rig.index, "i0", [1]) == {}  # stale blocks dropped
-    assert tiers(rig.index, "i0", [9]) == {Tier.L1: 1}  # the new batch applies
+    assert tiers(rig.index, "i0", [9]) == {Tier.HBM: 1}  # the new batch applies
 
 
 async def test_a_publisher_restart_drops_the_instance(rig: Rig) -> None:
@@ -109,7 +109,7 @@ async def test_a_publisher_restart_drops_the_instance(rig: Rig) -> None:
     await rig.pub.stored([3])
     await until(lambda: rig.stats()["restarts"] == 1, "restart seen")
     assert tiers(rig.index, "i0", [1, 2]) == {}
-    assert tiers(rig.index, "i0", [3]) == {Tier.L1: 1}
+    assert tiers(rig.index, "i0", [3]) == {Tier.HBM: 1}
 
 
 async def test_malformed_messages_are_counted_and_skipped(rig: Rig) -> None:
@@ -117,7 +117,7 @@ async def test_malformed_messages_are_counted_and_skipped(rig: Rig) -> None:
     await rig.pub.send_frames([b"kv-events", b"short", b"x"])  # bad sequence frame
     await rig.pub.send_frames([b"kv-events", b"only two frames"])
     await until(lambda: rig.stats()["malformed"] == 2, "two malformed messages")
-    assert tiers(rig.index, "i0", [1]) == {Tier.L1: 1}  # skipped: nothing else changed
+    assert tiers(rig.index, "i0", [1]) == {Tier.HBM: 1}  # skipped: nothing else changed
     await rig.pub.send_frames([b"other-topic", (5).to_bytes(8, "big"), b"x"])
     await until(lambda: rig.stats()["other_topic"] == 1, "a message on another topic")
     await rig.pub.send_raw(b"\xc1 not msgpack")  # an undecodable batch is a lost batch
@@ -125,7 +125,7 @@ async def test_malformed_messages_are_counted_and_skipped(rig: Rig) -> None:
     await until(lambda: rig.stats()["malformed"] == 4, "two undecodable batches")
     assert rig.index.blocks_held("i0") == 0
     await rig.pub.stored([2])  # and the consumer keeps going
-    await until(lambda: tiers(rig.index, "i0", [2]) == {Tier.L1: 1}, "consumer still alive")
+    await until(lambda: tiers(rig.index, "i0", [2]) == {Tier.HBM: 1}, "consumer still alive")
     assert rig.stats()["gaps"] == 0
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from router.events import BlockStored, EventBatch, encode_batch
+from contracts.kv_events import BlockStored, EventBatch, encode_batch
 from tests.integration.test_replicas import Fleet, chat, start_fleet, stop_fleet
 from tests.support.redis_server import RedisServer
 

@@ -19,8 +19,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.routing import build_router
+from gateway.session_bindings import SessionBindings
 from gateway.settings import RoutingSettings, StateSettings
-from gateway.shared import SharedRuntime, StateMetrics
+from gateway.shared_state import StateMetrics
 from router.state.redis import RedisState
 from router.state.sync import StateSync, SyncConfig
 from router.types import Decision, RouteRequest
@@ -209,15 +210,15 @@ async def test_each_replica_sees_the_others_in_flight_load(fleet: Fleet) -> None
 # -- the binding rules, with two replicas' runtimes in-process on the same Redis -------------
 
 
-def runtime(redis_url: str, pool: str, replica: str) -> SharedRuntime:
+def runtime(redis_url: str, pool: str, replica: str) -> SessionBindings:
     settings = StateSettings(backend="redis", redis_url=redis_url, pool=pool, replica_id=replica)
     router = build_router(RoutingSettings(policy="prefix"))
     store = RedisState(redis_url, pool)
     sync = StateSync(store, router.index, router.load, ["e0", "e1", "e2"], SyncConfig(replica))
-    return SharedRuntime(sync, router, settings, StateMetrics(CollectorRegistry()))
+    return SessionBindings(sync, router, settings, StateMetrics(CollectorRegistry()))
 
 
-async def route(rt: SharedRuntime, rr: RouteRequest, candidates: list[str]) -> Decision:
+async def route(rt: SessionBindings, rr: RouteRequest, candidates: list[str]) -> Decision:
     """What gateway.proxy does around routing, then wait for the background write."""
     await rt.lookup(rr)
     decision = rt.bind(rr, rt.router.route(rr, candidates), candidates)

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from router.events import BlockRemoved, BlockStored, EventBatch, KvEvent, encode_batch
+from contracts.kv_events import BlockRemoved, BlockStored, EventBatch, KvEvent, encode_batch
+from contracts.tiers import Tier
 from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
 from router.state.base import STREAM_START, StateUnavailableError
 from router.state.redis import RedisState
 from router.state.sync import StateSync, SyncConfig, SyncObservers
-from router.types import Tier
 from tests.support.procs import free_port
 from tests.unit.test_state_memory import StateContract
 
@@ -123,9 +123,9 @@ async def test_a_new_replica_bootstraps_from_the_snapshot_then_reads_the_stream(
         new = StateSync(second, index, LoadView(), ["e0"], SyncConfig("r2", observers=observers))
         await new.bootstrap()
         assert await new.read_stream_once(0) == 2
-        assert dict(index.match([1, 2, 3], ["e0"])["e0"]) == {Tier.L1: 1}
-        assert dict(index.match([3], ["e0"])["e0"]) == {Tier.L1: 1}
-        assert dict(index.match([6], ["e0"])["e0"]) == {Tier.L2: 1}
+        assert dict(index.match([1, 2, 3], ["e0"])["e0"]) == {Tier.HBM: 1}
+        assert dict(index.match([3], ["e0"])["e0"]) == {Tier.HBM: 1}
+        assert dict(index.match([6], ["e0"])["e0"]) == {Tier.HOST: 1}
         assert dict(index.match([4, 5], ["elsewhere"])["elsewhere"]) == {Tier.ARRAY: 2}
         assert new.residency.last_seq("e0") == 3
         assert outcomes == ["ok", "ok"]

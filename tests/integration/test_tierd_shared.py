@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import zmq
 import zmq.asyncio
 
-from router.events import decode_batch
+from contracts.kv_events import decode_batch
 from tests.support.procs import ManagedProcess, free_port, python_module
 from tierd.client import TierdClient, TierdError
 
@@ -100,10 +100,10 @@ def decode(payload: bytes) -> list[list[Any]]:
     events: list[list[Any]] = batch[1]
     for e in events:
         if e[0] == "BlockStored":
-            assert len(e) == 8 and e[6] in {"GPU", "ARRAY", "SNAPSHOT"}
+            assert len(e) == 8 and e[6] in {"CPU", "ARRAY", "SNAPSHOT"}  # arena: host memory
             assert all(isinstance(h, int) for h in e[1])
         elif e[0] == "BlockRemoved":
-            assert len(e) == 3 and e[2] in {"GPU", "ARRAY", "SNAPSHOT"}
+            assert len(e) == 3 and e[2] in {"CPU", "ARRAY", "SNAPSHOT"}
         else:
             assert e == ["AllBlocksCleared"]
     return events
@@ -149,7 +149,7 @@ async def test_two_tierds_share_one_array_and_publish_events(fleet: Fleet) -> No
             zmq_events += decode(payload)
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
         stored = {(h, e[6]) for e in zmq_events if e[0] == "BlockStored" for h in e[1]}
-        assert {(h, "GPU") for h in chain_a + chain_b} <= stored
+        assert {(h, "CPU") for h in chain_a + chain_b} <= stored
         assert {(h, "ARRAY") for h in chain_b} <= stored
     finally:
         sub.close()
@@ -179,5 +179,5 @@ async def test_two_tierds_share_one_array_and_publish_events(fleet: Fleet) -> No
     assert sorted(h for e in stored_a for h in e[1]) == chain_a
     first = next(e for e in stored_a if e[1] == [7002])
     assert first[2] == 7001 and first[4] == 16  # parent hash and token count
-    removed_gpu = [h for e in events_a if e[0] == "BlockRemoved" and e[2] == "GPU" for h in e[1]]
-    assert set(chain_a) <= set(removed_gpu)
+    removed_arena = [h for e in events_a if e[0] == "BlockRemoved" and e[2] == "CPU" for h in e[1]]
+    assert set(chain_a) <= set(removed_arena)

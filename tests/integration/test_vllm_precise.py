@@ -17,8 +17,8 @@ import pytest
 import zmq
 from openai import OpenAI
 
+from contracts.kv_events import BlockStored, decode_batch, decode_frames
 from gateway.engines.vllm_fleet import VllmFleet
-from router.events import BlockStored, decode_batch, decode_frames
 from router.precise import VllmBlockHasher
 from sim.players.text import TextSource
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_for

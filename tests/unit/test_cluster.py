@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.cluster_cli import main as bench_cluster_main
+from contracts.tiers import Tier
 from router.index import ARRAY
 from router.policies.registry import default_registry
-from router.types import Tier
 from sim.cluster.metrics import summarise, upper_bound_token_hit_rate
 from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord, SimClock
 from sim.profiles import Profile, TierBandwidths
@@ -60,11 +60,11 @@ def test_prefix_hit_and_times_by_hand() -> None:
     assert b.ttft_s == pytest.approx(0.010)  # only the new block is computed
     summary = summarise("round_robin", run)
     assert summary["token_hit_rate"] == pytest.approx(30 / 80)
-    assert summary["hit_rate_by_tier"]["L1"] == pytest.approx(30 / 80)
+    assert summary["hit_rate_by_tier"]["hbm"] == pytest.approx(30 / 80)
     assert summary["requests"] == 2
     # what the router's index learnt from the instance's residency events
     match = sim.index.match([1, 2, 3, 5], ["i0"])
-    assert match["i0"] == {Tier.L1: 4}
+    assert match["i0"] == {Tier.HBM: 4}
 
 
 def test_decode_steps_are_coalesced_and_timed() -> None:
@@ -119,7 +119,7 @@ def test_l2_is_preferred_over_the_array() -> None:
     )
     _, run = _run(trace, cfg)
     again = run.requests[2]
-    assert again.cached_by_tier == {"L2": 30}
+    assert again.cached_by_tier == {"host": 30}
     assert again.ttft_s == pytest.approx(30 * 1000 / 1e6 + 0.010)
 
 
@@ -170,7 +170,7 @@ def test_bench_cluster_command_writes_the_figures(
     assert set(data["policies"]) == {"round_robin", "least_load", "session", "prefix", "ttft"}
     for figures in data["policies"].values():
         assert figures["requests"] == 120
-        assert set(figures["hit_rate_by_tier"]) == {"L1", "L2", "array"}
+        assert set(figures["hit_rate_by_tier"]) == {"hbm", "host", "array"}
         assert 0.0 <= figures["token_hit_rate"] <= data["upper_bound_token_hit_rate"] + 1e-9
         assert figures["ttft_p50_s"] <= figures["ttft_p90_s"] <= figures["ttft_p99_s"]
         # a simulated decode step is at least the profile's base step time

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cost import CostParams, Prediction, RateMeter, ReuseBudget, TtftCostModel
+from router.cost import ArrivalRate, CostParams, Prediction, ReuseBudget, TtftCostModel
 
 P = CostParams()
 
@@ -36,12 +36,12 @@ def test_uncached_prefill_follows_the_profile() -> None:
 def test_cached_tokens_cut_prefill_and_queue_adds_wait() -> None:
     model = TtftCostModel(P)
     cold = _predict(model)
-    warm = _predict(model, cached_tokens_by_tier={"L1": 9_000})
+    warm = _predict(model, cached_tokens_by_tier={"hbm": 9_000})
     assert warm.prefill_s < cold.prefill_s / 5
-    queued = _predict(model, cached_tokens_by_tier={"L1": 9_000}, queued_prefill_tokens=50_000)
+    queued = _predict(model, cached_tokens_by_tier={"hbm": 9_000}, queued_prefill_tokens=50_000)
     assert queued.queue_wait_s > 0.0
     assert queued.ttft_s == pytest.approx(queued.queue_wait_s + queued.prefill_s)
-    busy = _predict(model, cached_tokens_by_tier={"L1": 9_000}, in_flight=30)
+    busy = _predict(model, cached_tokens_by_tier={"hbm": 9_000}, in_flight=30)
     assert busy.prefill_s > warm.prefill_s  # decode steps share the prefill's steps
 
 
@@ -50,8 +50,8 @@ def test_tier_loads_cost_bytes_over_bandwidth_minus_what_the_queue_hides() -> No
     pred = _predict(model, cached_tokens_by_tier={"array": 8_000})
     load = 8_000 * P.kv_bytes_per_token / P.bandwidths["array"]
     assert pred.load_s == pytest.approx(load)
-    l2 = _predict(model, cached_tokens_by_tier={"L2": 8_000})
-    assert l2.load_s == pytest.approx(8_000 * P.kv_bytes_per_token / P.bandwidths["L2"])
+    l2 = _predict(model, cached_tokens_by_tier={"host": 8_000})
+    assert l2.load_s == pytest.approx(8_000 * P.kv_bytes_per_token / P.bandwidths["host"])
     # a prefetch started at routing time overlaps the queue wait
     hidden = _predict(model, cached_tokens_by_tier={"array": 8_000}, queued_prefill_tokens=40_000)
     assert hidden.load_s == pytest.approx(max(0.0, load - hidden.queue_wait_s))
@@ -95,7 +95,7 @@ def test_calibration_converges_toward_observed(truth: float) -> None:
     errors = []
     for i in range(120):
         cached = (i * 997) % 8_000
-        pred = _predict(model, cached_tokens_by_tier={"L1": cached}, queued_prefill_tokens=i * 50)
+        pred = _predict(model, cached_tokens_by_tier={"hbm": cached}, queued_prefill_tokens=i * 50)
         observed = truth * pred.compute_s  # an instance `truth` times slower than the profile
         errors.append(abs(pred.ttft_s - observed) / observed)
         model.observe(
@@ -106,7 +106,7 @@ def test_calibration_converges_toward_observed(truth: float) -> None:
     # an instance never observed borrows the fleet's factor; observed ones keep their own
     assert model.speed_factor("other") == pytest.approx(model.speed_factor("a"))
     for i in range(120):
-        pred = _predict(model, instance="b", cached_tokens_by_tier={"L1": (i * 331) % 8_000})
+        pred = _predict(model, instance="b", cached_tokens_by_tier={"hbm": (i * 331) % 8_000})
         model.observe(
             "b", prompt_tokens=10_000, cached_tokens=0, ttft_s=1.0 * pred.compute_s,
             prediction=pred,
@@ -137,11 +137,11 @@ def test_reuse_price_rises_over_budget_and_falls_back() -> None:
 
 
 def test_rate_meter_measures_arrivals_per_second() -> None:
-    meter = RateMeter(window_s=10.0)
+    meter = ArrivalRate(window_s=10.0)
     assert meter.rate(0.0) == 0.0
     meter.tick(0.0)
     assert meter.rate(0.0) == 0.0  # one arrival is no rate yet
-    meter = RateMeter(window_s=10.0)
+    meter = ArrivalRate(window_s=10.0)
     t = 0.0
     for _ in range(400):  # 4 per second for 100 s
         meter.tick(t)

@@ -7,12 +7,7 @@ import struct
 import msgpack
 import pytest
 
-from router.event_feed import (
-    SeqStatus,
-    SeqTracker,
-    apply_events,
-)
-from router.events import (
+from contracts.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -24,9 +19,14 @@ from router.events import (
     encode_frames,
     normalize_hash,
 )
+from contracts.tiers import Tier
+from router.event_feed import (
+    SeqStatus,
+    SeqTracker,
+    apply_events,
+)
 from router.index import ARRAY, PrefixIndex
 from router.state.residency import Residency
-from router.types import Tier
 
 # PROTOCOLS §1, the tagged-map example, packed exactly as msgspec would.
 MAP_EXAMPLE = [
@@ -189,14 +189,14 @@ def test_apply_events_places_each_medium_in_its_tier() -> None:
     ]
     counts = apply_events(index, "i0", events)
     assert counts.stored == 6 and counts.unknown_medium == 1
-    assert counts.by_tier == {Tier.L1: 2, Tier.L2: 1, Tier.ARRAY: 2, Tier.L3: 1}
-    assert held(index, "i0", [1, 2, 3]) == {Tier.L1: 2, Tier.L2: 1}
+    assert counts.by_tier == {Tier.HBM: 2, Tier.HOST: 1, Tier.ARRAY: 2, Tier.SNAPSHOT: 1}
+    assert held(index, "i0", [1, 2, 3]) == {Tier.HBM: 2, Tier.HOST: 1}
     assert index.blocks_held(ARRAY) == 2
     # The array counts for any instance, even one that never published.
     assert held(index, "other", [4, 5]) == {Tier.ARRAY: 2}
-    assert held(index, "i0", [6]) == {Tier.L3: 1}
+    assert held(index, "i0", [6]) == {Tier.SNAPSHOT: 1}
     apply_events(index, "i0", [BlockRemoved((2,), "GPU"), BlockRemoved((4,), "STORAGE")])
-    assert held(index, "i0", [1, 2]) == {Tier.L1: 1}
+    assert held(index, "i0", [1, 2]) == {Tier.HBM: 1}
     assert index.blocks_held(ARRAY) == 1
     apply_events(index, "i0", [AllBlocksCleared()])
     assert index.blocks_held("i0") == 0
@@ -217,12 +217,12 @@ def test_residency_drops_a_source_on_gap_and_restart_only() -> None:
     verdict, _ = res.apply("i0", 5, stored((4,)), index)  # seq 2..4 lost
     assert verdict.status is SeqStatus.GAP
     # i0's earlier blocks, its array blocks included, are gone; the new batch is kept.
-    assert held(index, "i0", [4]) == {Tier.L1: 1}
+    assert held(index, "i0", [4]) == {Tier.HBM: 1}
     assert index.blocks_held("i0") == 1 and index.blocks_held(ARRAY) == 0
     assert index.blocks_held("i1") == 1  # another source is untouched
     verdict, _ = res.apply("i1", 0, stored((8,)), index)  # i1 restarted
     assert verdict.status is SeqStatus.RESTART
-    assert index.blocks_held("i1") == 1 and held(index, "i1", [8]) == {Tier.L1: 1}
+    assert index.blocks_held("i1") == 1 and held(index, "i1", [8]) == {Tier.HBM: 1}
 
 
 def test_residency_snapshot_restores_index_and_sequence() -> None:
@@ -237,8 +237,8 @@ def test_residency_snapshot_restores_index_and_sequence() -> None:
     fresh_index = PrefixIndex()
     fresh = Residency()
     assert fresh.restore(data, fresh_index) == 4
-    assert held(fresh_index, "i0", [1]) == {Tier.L1: 1}
-    assert held(fresh_index, "i0", [3]) == {Tier.L1: 1}
+    assert held(fresh_index, "i0", [1]) == {Tier.HBM: 1}
+    assert held(fresh_index, "i0", [3]) == {Tier.HBM: 1}
     assert held(fresh_index, "i0", [2]) == {}
     assert fresh_index.blocks_held(ARRAY) == 2
     assert fresh.last_seq("i0") == 4 and fresh.last_seq("i1") == 0

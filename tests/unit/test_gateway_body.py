@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gateway.errors import OpenAIError
-from gateway.jsonc import decode, decode_exact, encode
+from gateway.json_codec import decode, decode_exact, encode
 from gateway.parse import ParsedRequest, decode_json_object, parse_chat, upstream_body
 
 ODD = (

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.tiers import Tier
 from router.index import ARRAY, PrefixIndex
-from router.types import Tier
 from tests.unit.accel_impls import IMPLS, use_accel
 
 
@@ -41,12 +41,12 @@ class FakeClockless:
 
 def test_leading_run_by_tier_and_break_on_gap() -> None:
     idx = PrefixIndex()
-    idx.insert("a", [1, 2, 3], Tier.L1)
-    idx.insert("a", [4, 5], Tier.L2)
-    idx.insert("a", [7], Tier.L1)  # after a gap at 6: not part of the leading run
-    idx.insert("b", [1], Tier.L3)
+    idx.insert("a", [1, 2, 3], Tier.HBM)
+    idx.insert("a", [4, 5], Tier.HOST)
+    idx.insert("a", [7], Tier.HBM)  # after a gap at 6: not part of the leading run
+    idx.insert("b", [1], Tier.SNAPSHOT)
     m = idx.match([1, 2, 3, 4, 5, 6, 7], ["a", "b", "c"])
-    assert m == {"a": {Tier.L1: 3, Tier.L2: 2}, "b": {Tier.L3: 1}, "c": {}}
+    assert m == {"a": {Tier.HBM: 3, Tier.HOST: 2}, "b": {Tier.SNAPSHOT: 1}, "c": {}}
     assert len(idx) == 7
     assert idx.blocks_held("a") == 6
     assert idx.blocks_held("b") == 1
@@ -54,22 +54,22 @@ def test_leading_run_by_tier_and_break_on_gap() -> None:
 
 def test_best_tier_wins_when_held_twice() -> None:
     idx = PrefixIndex()
-    idx.insert("a", [1, 2], Tier.L2)
-    idx.insert("a", [1], Tier.L1)
-    assert idx.match([1, 2], ["a"]) == {"a": {Tier.L1: 1, Tier.L2: 1}}
-    idx.remove("a", [1], Tier.L1)
-    assert idx.match([1, 2], ["a"]) == {"a": {Tier.L2: 2}}
+    idx.insert("a", [1, 2], Tier.HOST)
+    idx.insert("a", [1], Tier.HBM)
+    assert idx.match([1, 2], ["a"]) == {"a": {Tier.HBM: 1, Tier.HOST: 1}}
+    idx.remove("a", [1], Tier.HBM)
+    assert idx.match([1, 2], ["a"]) == {"a": {Tier.HOST: 2}}
     assert len(idx) == 2
 
 
 def test_array_counts_for_every_instance_unless_held_better() -> None:
     idx = PrefixIndex()
     idx.insert(ARRAY, [1, 2, 3])
-    idx.insert("a", [1], Tier.L1)
-    idx.insert("b", [1, 2, 3, 4], Tier.L3)
+    idx.insert("a", [1], Tier.HBM)
+    idx.insert("b", [1, 2, 3, 4], Tier.SNAPSHOT)
     m = idx.match([1, 2, 3, 4], ["a", "b", "c"])
-    assert m["a"] == {Tier.L1: 1, Tier.ARRAY: 2}
-    assert m["b"] == {Tier.ARRAY: 3, Tier.L3: 1}
+    assert m["a"] == {Tier.HBM: 1, Tier.ARRAY: 2}
+    assert m["b"] == {Tier.ARRAY: 3, Tier.SNAPSHOT: 1}
     assert m["c"] == {Tier.ARRAY: 3}  # never seen before, still reads the array
     assert ARRAY not in idx.instances()
 
@@ -80,24 +80,24 @@ def test_wide_packed_values_over_many_instances() -> None:
     names = [f"i{k:02d}" for k in range(20)]
     chain = list(range(100, 160))
     for k, name in enumerate(names):  # instance k holds the first 60 - 2k blocks
-        idx.insert(name, chain[: 60 - 2 * k], Tier.L1 if k % 2 else Tier.L2)
+        idx.insert(name, chain[: 60 - 2 * k], Tier.HBM if k % 2 else Tier.HOST)
     idx.insert(ARRAY, chain[:10])
     assert max(v for _, v in idx._blocks.items()).bit_length() > 64
     m = idx.match(chain, names)
     for k, name in enumerate(names):
-        own = Tier.L1 if k % 2 else Tier.L2
+        own = Tier.HBM if k % 2 else Tier.HOST
         want = {own: 60 - 2 * k}
         assert m[name] == want
     idx.remove(names[19], chain[:5])  # the last instance now reads them from the array
-    assert idx.match(chain, names[19:])[names[19]] == {Tier.ARRAY: 5, Tier.L1: 17}
+    assert idx.match(chain, names[19:])[names[19]] == {Tier.ARRAY: 5, Tier.HBM: 17}
 
 
 def test_predictions_expire_after_ttl() -> None:
     clock = FakeClockless()
     idx = PrefixIndex(ttl_s=10.0, clock=clock)
-    idx.insert("a", [1, 2, 3], Tier.L1, predicted=True)
+    idx.insert("a", [1, 2, 3], Tier.HBM, predicted=True)
     clock.t += 9.0
-    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 3}}
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.HBM: 3}}
     clock.t += 1.0
     assert idx.match([1, 2, 3], ["a"]) == {"a": {}}
     assert len(idx) == 0
@@ -111,18 +111,18 @@ def test_refresh_extends_a_prediction() -> None:
     clock.t += 6.0
     idx.insert("a", [1, 2], predicted=True)  # block 3 not refreshed
     clock.t += 6.0
-    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.HBM: 2}}
     assert idx.predicted_held("a") == 2
 
 
 def test_events_do_not_expire_and_survive_prediction_expiry() -> None:
     clock = FakeClockless()
     idx = PrefixIndex(ttl_s=10.0, clock=clock)
-    idx.insert("a", [1, 2], Tier.L1)
+    idx.insert("a", [1, 2], Tier.HBM)
     idx.insert("a", [1, 2, 3], predicted=True)
     clock.t += 100.0
     idx.expire()
-    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.HBM: 2}}
     assert len(idx) == 2
 
 
@@ -134,8 +134,8 @@ def test_capacity_evicts_least_recent_chain_tail_first() -> None:
     idx.insert("a", [10, 11, 12], predicted=True)
     assert idx.predicted_held("a") == 5
     # the older chain lost its tail, its head still matches
-    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.L1: 2}}
-    assert idx.match([10, 11, 12], ["a"]) == {"a": {Tier.L1: 3}}
+    assert idx.match([1, 2, 3], ["a"]) == {"a": {Tier.HBM: 2}}
+    assert idx.match([10, 11, 12], ["a"]) == {"a": {Tier.HBM: 3}}
     # another instance has its own bound
     idx.insert("b", [1, 2, 3, 4, 5], predicted=True)
     assert idx.predicted_held("b") == 5
@@ -145,12 +145,12 @@ def test_capacity_evicts_least_recent_chain_tail_first() -> None:
 def test_remove_drops_prediction_and_clear_instance() -> None:
     idx = PrefixIndex()
     idx.insert("a", [1, 2, 3], predicted=True)
-    idx.insert("b", [1, 2, 3], Tier.L2)
-    idx.remove("a", [2], Tier.L1)
-    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {Tier.L1: 1}, "b": {Tier.L2: 3}}
+    idx.insert("b", [1, 2, 3], Tier.HOST)
+    idx.remove("a", [2], Tier.HBM)
+    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {Tier.HBM: 1}, "b": {Tier.HOST: 3}}
     idx.remove("b", [3])
     idx.clear_instance("a")
-    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {}, "b": {Tier.L2: 2}}
+    assert idx.match([1, 2, 3], ["a", "b"]) == {"a": {}, "b": {Tier.HOST: 2}}
     assert len(idx) == 2
     assert idx.blocks_held("a") == 0
     idx.remove("nobody", [1])  # unknown instance: nothing happens
@@ -182,9 +182,9 @@ def test_never_reports_more_than_inserted(
             for h in hashes:
                 held.setdefault(h, set()).add(tier)
         elif op == "predict":
-            idx.insert(inst, hashes, Tier.L1, predicted=True)
+            idx.insert(inst, hashes, Tier.HBM, predicted=True)
             for h in hashes:
-                held.setdefault(h, set()).add(Tier.L1)
+                held.setdefault(h, set()).add(Tier.HBM)
         elif op == "remove":
             idx.remove(inst, hashes, None if whole else tier)
             for h in hashes:
@@ -237,14 +237,14 @@ def test_predictions_match_a_model_with_expiry(
     expiry: dict[str, dict[int, float]] = {"a": {}, "b": {}}
     for op, inst, hashes, dt in ops:
         if op == "event":
-            idx.insert(inst, hashes, Tier.L1)
+            idx.insert(inst, hashes, Tier.HBM)
             durable[inst].update(hashes)
         elif op == "predict":
-            idx.insert(inst, hashes, Tier.L1, predicted=True)
+            idx.insert(inst, hashes, Tier.HBM, predicted=True)
             for h in hashes:
                 expiry[inst][h] = clock.t + 5.0
         elif op == "remove":
-            idx.remove(inst, hashes, Tier.L1)
+            idx.remove(inst, hashes, Tier.HBM)
             for h in hashes:
                 durable[inst].discard(h)
                 expiry[inst].pop(h, None)
@@ -258,7 +258,7 @@ def test_predictions_match_a_model_with_expiry(
                 run += 1
             else:
                 break
-        assert got[inst] == ({Tier.L1: run} if run else {})
+        assert got[inst] == ({Tier.HBM: run} if run else {})
 
 
 @settings(max_examples=200, deadline=None)
@@ -277,7 +277,7 @@ def test_capacity_bound_holds_and_never_overreports(
         inserted.update(chain)
         assert idx.predicted_held("a") <= capacity
         assert idx.blocks_held("a") == idx.predicted_held("a") == len(idx)
-    run = idx.match(query, ["a"])["a"].get(Tier.L1, 0)
+    run = idx.match(query, ["a"])["a"].get(Tier.HBM, 0)
     longest = 0
     for h in query:
         if h not in inserted:
@@ -286,4 +286,4 @@ def test_capacity_bound_holds_and_never_overreports(
     assert run <= longest
     if chains:  # the most recent chain always survives up to the capacity
         last = list(dict.fromkeys(chains[-1]))
-        assert idx.match(last, ["a"])["a"].get(Tier.L1, 0) == min(len(last), capacity)
+        assert idx.match(last, ["a"])["a"].get(Tier.HBM, 0) == min(len(last), capacity)

@@ -8,7 +8,7 @@ from router.types import CandidateScore, LazyCandidates
 
 def test_built_once_on_first_read() -> None:
     calls: list[int] = []
-    scores = (CandidateScore("a", {"L1": 64}, 1), CandidateScore("b", {}, 0))
+    scores = (CandidateScore("a", {"hbm": 64}, 1), CandidateScore("b", {}, 0))
 
     def build() -> tuple[CandidateScore, ...]:
         calls.append(1)

@@ -7,13 +7,14 @@ from collections import Counter
 
 import pytest
 
+from contracts.tiers import Tier
 from router.policies.base import InstanceView
 from router.policies.least_load import LeastLoadPolicy
 from router.policies.prefix import PrefixPolicy
 from router.policies.registry import default_registry
 from router.policies.round_robin import RoundRobinPolicy
 from router.policies.session import SessionPolicy
-from router.types import RouteRequest, Tier
+from router.types import RouteRequest
 
 
 def req(blocks: int = 10, session: str | None = None) -> RouteRequest:
@@ -72,11 +73,11 @@ def test_least_load_ties_by_queued_tokens_then_order() -> None:
 def test_prefix_best_match_above_threshold() -> None:
     p = PrefixPolicy()
     # 4 of 10 blocks = 0.4 > 0.3
-    d = p.choose(req(10), [view("a", 0), view("b", 5, matched={Tier.L1: 4})])
+    d = p.choose(req(10), [view("a", 0), view("b", 5, matched={Tier.HBM: 4})])
     assert d.instance == "b"
     assert "best match" in d.reason
     assert d.cached_tokens == 64
-    assert d.cached_tokens_by_tier == {"L1": 64}
+    assert d.cached_tokens_by_tier == {"hbm": 64}
     assert d.fallbacks == ("a",)
     assert {c.instance for c in d.candidates} == {"a", "b"}
 
@@ -84,18 +85,18 @@ def test_prefix_best_match_above_threshold() -> None:
 def test_prefix_at_threshold_goes_least_loaded() -> None:
     p = PrefixPolicy()
     # 3 of 10 = 0.3, not > 0.3
-    d = p.choose(req(10), [view("a", 2), view("b", 5, matched={Tier.L1: 3}), view("c", 1)])
+    d = p.choose(req(10), [view("a", 2), view("b", 5, matched={Tier.HBM: 3}), view("c", 1)])
     assert d.instance == "c"
     assert "least loaded" in d.reason
     small = PrefixPolicy(fallback="smallest_tree")
-    d = small.choose(req(10), [view("a", 2, total=5), view("b", 0, matched={Tier.L1: 3}, total=9)])
+    d = small.choose(req(10), [view("a", 2, total=5), view("b", 0, matched={Tier.HBM: 3}, total=9)])
     assert d.instance == "a"
     assert "smallest tree" in d.reason
 
 
 def test_prefix_imbalance_needs_both_thresholds() -> None:
     p = PrefixPolicy()
-    hit = {Tier.L1: 10}
+    hit = {Tier.HBM: 10}
     # abs: 65 > 64 and rel: 100 > 35 * 1.5 -> imbalanced, least loaded despite the match
     d = p.choose(req(10), [view("a", 100, matched=hit), view("b", 35)])
     assert d.instance == "b"

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
+from contracts.tiers import Tier
 from router.blocks import chain_seed, hash_blocks, render_chat
 from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import InstanceView, Outcome, Policy
 from router.policies.registry import default_registry
 from router.router import Router
-from router.types import Decision, NoCandidateError, RouteRequest, Tier
+from router.types import Decision, NoCandidateError, RouteRequest
 
 
 class Clock:
@@ -24,8 +25,8 @@ class Clock:
         return self.t
 
 
-class RecordingPolicy:
-    """A real (if simple) policy: picks the candidate with most L1 blocks, records outcomes."""
+class RecordingPolicy(Policy):
+    """A real (if simple) policy: picks the candidate with most HBM blocks, records outcomes."""
 
     name = "recording"
 
@@ -35,8 +36,8 @@ class RecordingPolicy:
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         self.seen.append(candidates)
-        best = max(candidates, key=lambda v: v.matched_blocks.get(Tier.L1, 0))
-        return Decision(instance=best.id, policy=self.name, reason="most L1")
+        best = max(candidates, key=lambda v: v.matched_blocks.get(Tier.HBM, 0))
+        return Decision(instance=best.id, policy=self.name, reason="most HBM")
 
     def observe(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
@@ -74,7 +75,7 @@ def test_explain_is_a_dry_run_of_route() -> None:
     assert router.explain(r, ["a", "b", "c"]).instance == "b"
     # a policy without a preview is asked to choose: its choose changes nothing
     plain = Router(RecordingPolicy(), PrefixIndex(ttl_s=60.0), LoadView())
-    assert plain.explain(r, ["a", "b"]).reason == "most L1"
+    assert plain.explain(r, ["a", "b"]).reason == "most HBM"
 
 
 def test_route_is_pure_and_dispatch_predicts() -> None:
@@ -90,7 +91,7 @@ def test_route_is_pure_and_dispatch_predicts() -> None:
     again = router.route(r, ["c", "b", "a"])
     assert again.instance == first.instance
     assert again.cached_tokens == len(r.block_hashes) * 16
-    assert again.cached_tokens_by_tier == {"L1": len(r.block_hashes) * 16}
+    assert again.cached_tokens_by_tier == {"hbm": len(r.block_hashes) * 16}
 
 
 def test_predictions_expire_on_the_router_clock() -> None:
@@ -109,13 +110,13 @@ def test_views_carry_load_matches_and_array() -> None:
     index = PrefixIndex()
     router = Router(policy, index, LoadView())
     r = chat_request("y" * 400)
-    index.insert("a", r.block_hashes[:2], Tier.L2)
+    index.insert("a", r.block_hashes[:2], Tier.HOST)
     index.insert(ARRAY, r.block_hashes[:3])
     router.load.set_remote("b", 4)
     router.route(r, ["a", "b", "a"])
     views = {v.id: v for v in policy.seen[-1]}
     assert list(views) == ["a", "b"]
-    assert views["a"].matched_blocks == {Tier.L2: 2, Tier.ARRAY: 1}
+    assert views["a"].matched_blocks == {Tier.HOST: 2, Tier.ARRAY: 1}
     assert views["b"].matched_blocks == {Tier.ARRAY: 3}
     assert views["b"].in_flight == 4
     assert views["a"].cached_blocks_total == 2
@@ -126,13 +127,13 @@ def test_complete_feeds_policy_and_accounting() -> None:
     index = PrefixIndex()
     router = Router(policy, index, LoadView())
     r = chat_request("z" * 300, session="player-1")
-    index.insert("a", r.block_hashes, Tier.L1)
+    index.insert("a", r.block_hashes, Tier.HBM)
     d = Decision(
         instance="a",
         policy="recording",
         reason="test",
         cached_tokens=48,
-        cached_tokens_by_tier={"L1": 32, "array": 16},
+        cached_tokens_by_tier={"hbm": 32, "array": 16},
     )
     router.on_dispatch(r, d, "a")
     # the prefill queue holds what is to compute: the prompt less the predicted 48 cached
@@ -159,7 +160,7 @@ def test_complete_feeds_policy_and_accounting() -> None:
     where = router.where("player-1")
     assert where["last_instance"] == "b"
     assert where["last_reason"] == "failover"
-    assert where["instances"]["a"] == {"L1": len(r.block_hashes) * 16}
+    assert where["instances"]["a"] == {"hbm": len(r.block_hashes) * 16}
     assert router.where("nobody")["known"] is False
 
 
@@ -178,7 +179,7 @@ def test_dispatch_tells_the_policy_what_the_request_computes_where() -> None:
     index = PrefixIndex()
     router = Router(policy, index, LoadView(), clock=lambda: 1.0)
     r = chat_request("z" * 3000, session="player-7")
-    index.insert("a", r.block_hashes[:10], Tier.L1)
+    index.insert("a", r.block_hashes[:10], Tier.HBM)
     d = router.route(r, ["a", "b"])
     router.on_dispatch(r, d, "b")  # a fallback: nothing cached on b
     footprints = policy.footprints  # type: ignore[attr-defined]

@@ -80,8 +80,7 @@ async def test_put_get_hint_snapshot_and_metrics(
     assert daemon.store.l1.entry(0x68).meta.tokens == 3  # type: ignore[union-attr]
     assert await client.evict(chain) == 3
     assert (await client.lookup(chain))["leading"] == {"GPU": 0, "ARRAY": 3, "SNAPSHOT": 0}
-    client.hint(chain, deadline_s=5.0, session="p")  # returns at once
-    await client.flush_hints()
+    await client.prefetch(chain, deadline_s=5.0, session="p")
     await daemon.drain()
     assert (await client.lookup(chain))["leading"]["GPU"] == 3
     assert [await client.get_slice(h) for h in chain] == [data_of(h) for h in chain]

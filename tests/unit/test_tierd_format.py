@@ -130,9 +130,9 @@ def test_sessions_shed_oldest_first() -> None:
 
 
 def test_rate_meter_counts_overlapping_transfers_once() -> None:
-    from tierd.counters import RateMeter
+    from tierd.counters import ThroughputMeter
 
-    m = RateMeter()
+    m = ThroughputMeter()
     assert m.rate() is None
     m.record(100, 0.0, 1.0)  # serial: 100 B/s
     assert m.rate() == 100.0

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.tiers import Tier
 from router.cost import CostParams
 from router.policies.base import InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
-from router.types import RouteRequest, Tier
+from router.types import RouteRequest
 
 BT = 64
 
@@ -44,7 +45,7 @@ def _view(
 ) -> InstanceView:
     matched = {}
     if l1:
-        matched[Tier.L1] = l1
+        matched[Tier.HBM] = l1
     if array:
         matched[Tier.ARRAY] = array
     return InstanceView(
@@ -70,7 +71,7 @@ def test_picks_the_cached_instance_when_that_is_cheap() -> None:
     d = policy.choose(_req(), views)
     assert d.instance == "b"
     assert d.cached_tokens == 280 * BT
-    assert d.cached_tokens_by_tier == {"L1": 280 * BT}
+    assert d.cached_tokens_by_tier == {"hbm": 280 * BT}
     scores = {c.instance: c for c in d.candidates}
     assert set(scores) == {"a", "b", "c"}
     for c in d.candidates:

@@ -72,13 +72,6 @@ class ArrayDir:
     def exists(self, h: int) -> bool:
         return self.path(h).is_file()
 
-    def first_missing(self, hashes: list[int]) -> int:
-        """Index of the first hash without a file (len(hashes) if all exist)."""
-        for i, h in enumerate(hashes):
-            if not self.exists(h):
-                return i
-        return len(hashes)
-
     def write(self, items: Sequence[tuple[SliceMeta, Payload]]) -> list[bool]:
         """Write each slice to a temp file and rename it into place; per slice: ok."""
         if not items:

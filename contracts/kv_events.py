@@ -12,8 +12,9 @@ Block hashes are published as ints (the low 64 bits of the big-endian digest) or
 digest bytes; both are normalised to that same 64-bit int.
 
 Sequencing a publisher's batches and applying its events to the index live in
-`router.event_feed`. Nothing here does I/O: the ZMQ consumer (gateway.kv_events), the Redis
-stream reader (gateway.shared), tierd and the simulated engine all share these functions.
+`router.event_feed`. Nothing here does I/O: every publisher (tierd, the simulated engine) and
+every consumer (the gateway's ZMQ subscriber, the Redis stream reader) goes through these
+functions. Mediums are named in `contracts.tiers.Medium`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any, Literal
 
 import msgpack
 
-HASH_MASK = (1 << 64) - 1
+from contracts.slices import HASH_MASK
+
 _INT_ONLY = frozenset({int})
 
 EventEncoding = Literal["array", "map"]
@@ -42,7 +44,7 @@ class BlockStored:
     token_ids: tuple[int, ...] = ()
     block_size: int = 0
     lora_id: int | None = None
-    medium: str | None = None  # "GPU", "CPU", "STORAGE" (vLLM); tierd: "GPU", "ARRAY", "SNAPSHOT"
+    medium: str | None = None  # a `contracts.tiers.Medium`
     lora_name: str | None = None
 
 

@@ -16,7 +16,7 @@ from router.types import Decision, RouteRequest
 log = logging.getLogger("warmgate.request")
 
 
-class Exchange:
+class RequestAccounting:
     """Accounting for one request across its attempts."""
 
     def __init__(

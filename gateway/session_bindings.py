@@ -1,21 +1,15 @@
-"""Shared state inside the gateway: starts `router.state.sync.StateSync` (in-flight counts,
-the residency event stream, snapshots) on the app, exports its health as metrics and in
-`/readyz`, and binds players' sessions to instances across replicas.
+"""Session bindings across gateway replicas: a player's turns stay on one instance.
 
-Session bindings: with the Redis backend, a player's session key is bound to an instance
-set-if-absent, so whichever replica routes a turn, the player lands where their KV is.
-`lookup()` runs before routing (local cache, else one timeout-bounded GET that refreshes
-the TTL; nothing while Redis is down); `bind()` runs after routing and is synchronous, so
-no other request can slip in between a decision and its dispatch (awaiting there made
-concurrent first turns herd onto one instance); new bindings and moves are written in the
-background. A binding yields when its instance is not a candidate (unhealthy) or clearly
-overloaded (`overload_factor` x the mean in-flight + 4); then it moves, compare-and-set.
-A single replica (memory backend) leaves routing to its policy, which sees everything
-already; so do the session-blind baselines (round_robin, least_load).
-
-If Redis goes away, routing goes on from local state: `warmgate_state_redis_up` drops to
-0, `/readyz` shows it under `shared_state` (not required: serving continues), and the sync
-loops reconnect with backoff, republish in-flight counts and read the stream on.
+With the Redis backend, a player's session key is bound to an instance set-if-absent, so
+whichever replica routes a turn, the player lands where their KV is. `lookup()` runs before
+routing (local cache, else one timeout-bounded GET that refreshes the TTL; nothing while
+Redis is down); `bind()` runs after routing and is synchronous, so no other request can slip
+in between a decision and its dispatch (awaiting there made concurrent first turns herd onto
+one instance); new bindings and moves are written in the background. A binding yields when
+its instance is not a candidate (unhealthy) or clearly overloaded (`overload_factor` x the
+mean in-flight + 4); then it moves, compare-and-set. A single replica (memory backend) leaves
+routing to its policy, which sees everything already; so do policies that are not
+`session_affine` (the session-blind baselines round_robin, least_load).
 """
 
 from __future__ import annotations
@@ -23,65 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import socket
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from typing import TYPE_CHECKING, Any
 
 from gateway.settings import StateSettings
-from gateway.state import AppState
 from router.router import Router
-from router.state.base import SharedState, StateUnavailableError
-from router.state.memory import MemoryState
-from router.state.redis import RedisState
-from router.state.sync import StateSync, SyncConfig, SyncObservers
+from router.state.base import StateUnavailableError
+from router.state.sync import StateSync
 from router.types import Decision, RouteRequest, ordered_fallbacks
 
-NON_AFFINE_POLICIES = frozenset({"round_robin", "least_load"})  # baselines that ignore sessions
+if TYPE_CHECKING:
+    from gateway.shared_state import StateMetrics
 
 
-class StateMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.redis_up = Gauge(
-            "warmgate_state_redis_up",
-            "1 while the shared state store answers (always 1 for the memory backend).",
-            registry=registry,
-        )
-        self.errors = Counter(
-            "warmgate_state_errors",
-            "Shared-state calls that failed, by operation.",
-            ["op"],
-            registry=registry,
-        )
-        self.stream_batches = Counter(
-            "warmgate_state_stream_batches",
-            "Residency event batches read from the shared stream, by outcome "
-            "(ok, malformed, gap, restart).",
-            ["outcome"],
-            registry=registry,
-        )
-        self.bindings = Counter(
-            "warmgate_session_bindings",
-            "Session bindings applied, by outcome (bound, kept, redirected, moved, unavailable).",
-            ["outcome"],
-            registry=registry,
-        )
-
-    def observers(self) -> SyncObservers:
-        return SyncObservers(
-            on_up=lambda up: self.redis_up.set(1 if up else 0),
-            on_error=lambda op: self.errors.labels(op).inc(),
-            on_stream_batch=lambda outcome: self.stream_batches.labels(outcome).inc(),
-        )
-
-
-class SharedRuntime:
-    """The sync loops plus session bindings of one gateway app."""
+class SessionBindings:
+    """Players' session bindings across gateway replicas, over the shared state's sync."""
 
     def __init__(
         self,
@@ -137,7 +89,7 @@ class SharedRuntime:
         if (
             not rr.session_key
             or self.store.backend == "memory"
-            or self.router.policy.name in NON_AFFINE_POLICIES
+            or not self.router.policy.session_affine
         ):
             return None
         return rr.session_key
@@ -255,44 +207,3 @@ def _redirect(decision: Decision, instance: str) -> Decision:
         predicted_ttft_s=score.predicted_ttft_s if score is not None else None,
         fallbacks=ordered_fallbacks(instance, [decision.instance, *decision.fallbacks]),
     )
-
-
-def build_store(settings: StateSettings) -> SharedState:
-    if settings.backend == "redis":
-        assert settings.redis_url is not None  # the settings validator guarantees it
-        return RedisState(settings.redis_url, settings.pool)
-    return MemoryState(settings.pool)
-
-
-def default_replica_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-async def attach(state: AppState) -> None:
-    """Called from the gateway's lifespan: start the shared-state tasks for this app."""
-    settings = state.settings.state
-    metrics = StateMetrics(state.metrics.registry)
-    config = SyncConfig(
-        replica=settings.replica_id or default_replica_id(),
-        inflight_ttl_s=settings.inflight_ttl_s,
-        observers=metrics.observers(),
-    )
-    sync = StateSync(
-        build_store(settings),
-        state.router.index,
-        state.router.load,
-        [i.id for i in state.settings.instances],
-        config,
-    )
-    runtime = SharedRuntime(sync, state.router, settings, metrics)
-    try:
-        await sync.call("ping", sync.store.ping, config.call_timeout_s * 4)
-        await sync.bootstrap()
-    except StateUnavailableError:
-        pass  # the loops retry; routing goes on from local state meanwhile
-    state.extensions["shared"] = runtime
-    state.readiness["shared_state"] = runtime.readiness
-    state.closers.append(runtime.close)
-    state.spawn(sync.run_inflight_sync(), "shared-inflight")
-    state.spawn(sync.run_stream(), "shared-stream")
-    state.spawn(sync.run_snapshots(), "shared-snapshots")

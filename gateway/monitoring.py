@@ -15,7 +15,7 @@ from gateway.state import app_state
 from router.state.redact import redact
 
 
-def build_ops_router() -> APIRouter:
+def build_monitoring_router() -> APIRouter:
     router = APIRouter()
 
     @router.get("/livez")

@@ -1,0 +1,63 @@
+"""Where a block's KV sits: one set of names, one meaning each, everywhere.
+
+- `Tier.HBM` ("hbm"): the engine's own KV cache in accelerator memory. Medium: vLLM `GPU`.
+- `Tier.HOST` ("host"): host memory of that instance: vLLM's CPU offload (medium `CPU`) and
+  tierd's arena in front of the engine (tierd publishes it as `CPU` too).
+- `Tier.ARRAY` ("array"): the shared storage array, reachable from every instance. Mediums:
+  vLLM `STORAGE` (a storage connector), tierd `ARRAY`.
+- `Tier.SNAPSHOT` ("snapshot"): cold compressed snapshots of that instance's tierd. Medium:
+  tierd `SNAPSHOT`.
+
+The value orders tiers by cost (fastest first). The simulator's history called these
+L1/L2/array/L3; those names are gone. Mediums are the strings KV events carry: vLLM's
+(`GPU`, `CPU`, `STORAGE`; vLLM on CPU still says `GPU` for its own cache) and tierd's own.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Tier(IntEnum):
+    """Where a block's KV sits, fastest first. The value orders tiers by cost."""
+
+    HBM = 0  # the engine's own KV cache on the accelerator of that instance
+    HOST = 1  # that instance's host memory
+    ARRAY = 2  # the shared storage array: reachable from every instance
+    SNAPSHOT = 3  # cold snapshots
+
+    @property
+    def label(self) -> str:
+        """The lower-case name used in JSON, metrics labels and bandwidth maps."""
+        return _LABELS[self]
+
+
+_LABELS = {Tier.HBM: "hbm", Tier.HOST: "host", Tier.ARRAY: "array", Tier.SNAPSHOT: "snapshot"}
+TIER_BY_LABEL: dict[str, Tier] = {t.label: t for t in Tier}
+
+
+class Medium:
+    """The `medium` strings of KV events."""
+
+    GPU = "GPU"  # vLLM: its own KV cache (on every device kind, CPU builds included)
+    CPU = "CPU"  # vLLM: its CPU offload (host memory)
+    STORAGE = "STORAGE"  # vLLM: a storage connector (disk, remote)
+    ARRAY = "ARRAY"  # tierd: the shared array
+    SNAPSHOT = "SNAPSHOT"  # tierd: its snapshots
+
+
+# Where each medium's blocks live. ARRAY blocks are reachable from every instance: the
+# router indexes them under a pseudo-instance (`router.index.ARRAY`).
+TIER_OF_MEDIUM: dict[str, Tier] = {
+    Medium.GPU: Tier.HBM,
+    Medium.CPU: Tier.HOST,
+    Medium.STORAGE: Tier.ARRAY,
+    Medium.ARRAY: Tier.ARRAY,
+    Medium.SNAPSHOT: Tier.SNAPSHOT,
+}
+
+
+def tier_of_medium(medium: str | None) -> Tier | None:
+    """The tier of an event's medium (none given means vLLM's own cache); None when the
+    medium is unknown, and the event is then skipped."""
+    return TIER_OF_MEDIUM.get((medium or Medium.GPU).upper())
