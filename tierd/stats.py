@@ -16,7 +16,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
         "slice_bytes": st.settings.slice_bytes,
         "tiers": {
             "l1": {
-                "medium": ev.GPU,
+                "medium": ev.EVENT_MEDIUM[ev.GPU],
                 "backend": st.l1.backend,
                 "slots": st.l1.slots,
                 "slices": len(st.l1),
@@ -27,7 +27,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
                 "sessions": len(st.sessions),
             },
             "array": {
-                "medium": ev.ARRAY,
+                "medium": ev.EVENT_MEDIUM[ev.ARRAY],
                 "dir": str(st.settings.array_dir),
                 "o_direct": st.array.direct,
                 "slices": len(st.array_index),
@@ -35,7 +35,7 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
                 "capacity_bytes": st.settings.array_bytes or None,
             },
             "snapshot": {
-                "medium": ev.SNAPSHOT,
+                "medium": ev.EVENT_MEDIUM[ev.SNAPSHOT],
                 "dir": str(st.settings.snapshot_dir),
                 "snapshots": len(st.snapshots),
                 "slices": len(st.snap_index),
