@@ -92,7 +92,7 @@ def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
                 "engine": ui.engines.get(inst.id, {}),
                 "believed_tokens": {
                     "any_tier": held * block_tokens,
-                    "predicted_L1": predicted * block_tokens,
+                    "predicted_hbm": predicted * block_tokens,
                     "reported": max(0, held - predicted) * block_tokens,
                 },
                 "tierd": None

@@ -160,7 +160,7 @@ def test_operator_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> Non
             assert page.locator("#explaintable tbody tr").count() == 3
             assert page.locator("#explaintable tbody tr.chosen").count() == 1
             cached = page.inner_text("#explaintable tbody tr.chosen td:nth-child(3)")
-            assert cached.startswith("L1 "), cached  # the persona is cached where it went
+            assert cached.startswith("hbm "), cached  # the persona is cached where it went
             page.screenshot(path=str(shots / "ui-3-back-and-explain.png"), full_page=True)
             browser.close()
     finally:

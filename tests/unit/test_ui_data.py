@@ -15,7 +15,7 @@ def _rr(session: str, first: int, n: int = 5) -> RouteRequest:
 def test_hot_sessions_rank_by_recent_heat_and_stay_bounded() -> None:
     now = [0.0]
     hot = HotTracker(half_life_s=10.0, prefix_blocks=2, max_keys=4, clock=lambda: now[0])
-    decision = Decision("a", "ttft", "r", 32, {"L1": 32})
+    decision = Decision("a", "ttft", "r", 32, {"hbm": 32})
     for _ in range(5):
         hot.observe(_rr("old", 100), decision, "a")
     now[0] = 60.0  # six half-lives later: five old requests weigh less than one new
@@ -23,7 +23,7 @@ def test_hot_sessions_rank_by_recent_heat_and_stay_bounded() -> None:
     top = hot.top()
     assert [r["key"] for r in top["sessions"]] == ["new", "old"]
     assert top["prefixes"][0]["requests"] == 6 and top["prefixes"][0]["sessions"] == 2
-    assert hot.predicted_by_tier == {"L1": 6 * 32}
+    assert hot.predicted_by_tier == {"hbm": 6 * 32}
     for k in range(10):
         hot.observe(_rr(f"p{k}", 1000 * (k + 1)), decision, "a")
     assert len(hot.sessions) <= 4 and len(hot.prefixes) <= 4
@@ -32,7 +32,7 @@ def test_hot_sessions_rank_by_recent_heat_and_stay_bounded() -> None:
 def test_predicted_tiers_follow_the_instance_actually_used() -> None:
     hot = HotTracker()
     cand = CandidateScore("b", {"array": 64}, 0)
-    decision = Decision("a", "ttft", "r", 32, {"L1": 32}, candidates=(cand,))
+    decision = Decision("a", "ttft", "r", 32, {"hbm": 32}, candidates=(cand,))
     hot.observe(_rr("s", 1), decision, "b")  # a failover to b
     assert hot.predicted_by_tier == {"array": 64}
 

@@ -4,7 +4,7 @@
 "use strict";
 
 const POLL_MS = 1000;
-const TIER_COLORS = { L1: "#58a6ff", L2: "#a371f7", array: "#3fb950", L3: "#d29922",
+const TIER_COLORS = { hbm: "#58a6ff", host: "#a371f7", array: "#3fb950", snapshot: "#d29922",
   reported: "#f0f6fc", predicted: "#58a6ff" };
 let model = null;
 let failures = 0;
@@ -87,7 +87,7 @@ function renderFleet(s) {
       el("td", { class: "n" }, fmt(i.queued_prefill_tokens)),
       el("td", {}, kv),
       el("td", { class: "n" }, e.error || e.running === undefined ? "–" : fmt(e.running) + " / " + fmt(e.waiting)),
-      el("td", { class: "n" }, fmt(b.reported) + " / " + fmt(b.predicted_L1)),
+      el("td", { class: "n" }, fmt(b.reported) + " / " + fmt(b.predicted_hbm)),
       el("td", { class: "muted" }, slices));
   }));
   document.getElementById("arrayline").textContent =
@@ -167,7 +167,7 @@ function lineChart(svgId, legendId, series, yMax, yFormat) {
 
 function renderCharts(s) {
   const iv = intervals(s.history);
-  const tierNames = ["L1", "L2", "array", "L3"].filter((t) => iv.some((p) => p.tiers[t] !== undefined));
+  const tierNames = ["hbm", "host", "array", "snapshot"].filter((t) => iv.some((p) => p.tiers[t] !== undefined));
   const series = tierNames.map((t) => ({
     name: "predicted " + t, color: TIER_COLORS[t],
     points: iv.filter((p) => p.tiers[t] !== null && p.tiers[t] !== undefined).map((p) => ({ t: p.t, v: p.tiers[t] })),
