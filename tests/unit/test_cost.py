@@ -72,7 +72,7 @@ def test_an_engine_100x_off_the_prior_is_tracked_within_a_dozen_requests(truth: 
     errors = []
     for i in range(40):
         cached = (i * 997) % 8_000
-        pred = _predict(model, cached_tokens_by_tier={"L1": cached})
+        pred = _predict(model, cached_tokens_by_tier={"hbm": cached})
         observed = truth * pred.compute_s
         errors.append(abs(pred.ttft_s - observed) / observed)
         model.observe(
