@@ -6,7 +6,8 @@ is refused at the admin call instead of failing players' requests later.
 - precise mode only: its `vllm:cache_config_info` says the block size and block hash the
   gateway cuts and hashes with (`routing.precise`), and that prefix caching is on. An
   engine that does not publish it is refused: its blocks could not be checked. The hash
-  seed (the engines' `PYTHONHASHSEED`) is not published by vLLM and cannot be checked here;
+  seed (the engines' `PYTHONHASHSEED`) is not published; when the instance names its KV
+  events endpoint it is checked by experiment (`gateway.fleet_seed`), else not at all;
 - its tierd, when named: `/livez` answers 200.
 """
 
@@ -112,6 +113,12 @@ async def validate_instance(
         metrics = await _get(client, f"{spec.url}/metrics", timeout_s)
         text = metrics.text if isinstance(metrics, httpx.Response) and metrics.is_success else ""
         checks.extend(_precise_checks(cache_config_labels(text), routing))
+        if served and all(c.ok for c in checks):
+            from gateway.fleet_seed import check_hash_seed  # it builds on this module's Check
+
+            seed = await check_hash_seed(client, spec, routing, served[0], timeout_s)
+            if seed is not None:
+                checks.append(seed)
 
     if spec.tierd_url:
         livez = await _get(client, f"{spec.tierd_url}/livez", timeout_s)

@@ -281,6 +281,15 @@ def test_precise_mode_checks_block_size_and_hash(tmp_path: Path) -> None:
             r = httpx.post(f"{gw}/admin/instances", json={"id": iid, "url": url}, timeout=30)
             assert r.status_code == 422, r.text
             assert [c["name"] for c in r.json()["checks"] if not c["ok"]] == [failing], r.text
+        # the seed is not published: with KV events it is checked by experiment
+        for iid, seed, status in (("p4", "8", 422), ("p5", "7", 201)):
+            endpoint = f"tcp://127.0.0.1:{free_port()}"
+            args = ("--block-tokens", "32", "--hash-seed", seed, "--kv-events-endpoint", endpoint)
+            spec = {"id": iid, "url": s.start_engine(iid, *args), "kv_events_endpoint": endpoint}
+            r = httpx.post(f"{gw}/admin/instances", json=spec, timeout=30)
+            assert r.status_code == status, r.text
+            seed_check = [c for c in r.json()["checks"] if c["name"] == "hash_seed"]
+            assert [c["ok"] for c in seed_check] == [status == 201], r.text
         r = httpx.post(f"{gw}/admin/instances", json={"id": "p3", "url": good}, timeout=30)
         assert r.status_code == 201, r.text
         names = [c["name"] for c in r.json()["checks"]]
