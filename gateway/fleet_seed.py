@@ -18,9 +18,9 @@ import httpx
 import zmq
 import zmq.asyncio
 
+from contracts.kv_events import BlockStored, MalformedEventError, decode_batch, decode_frames
 from gateway.fleet_validate import Check
 from gateway.settings import InstanceSettings, RoutingSettings
-from router.events import BlockStored, MalformedEventError, decode_batch, decode_frames
 from router.precise import VllmBlockHasher
 
 SLOW_JOINER_S = 0.3  # a ZMQ publisher drops what it sends before our subscription arrives
@@ -34,11 +34,13 @@ async def check_hash_seed(
     timeout_s: float,
 ) -> Check | None:
     p = routing.precise
-    if routing.mode != "precise" or p.hash != "vllm" or p.hash_seed is None:
+    seed = p.effective_hash_seed
+    if routing.mode != "precise" or p.hash != "vllm" or seed is None:
         return None
     if not spec.kv_events_endpoint:
         return None
-    hasher = VllmBlockHasher(hash_seed=p.hash_seed, block_size=p.block_size, algo=p.vllm_hash_algo)
+    size = p.effective_block_size
+    hasher = VllmBlockHasher(hash_seed=seed, block_size=size, algo=p.vllm_hash_algo)
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
@@ -46,7 +48,7 @@ async def check_hash_seed(
     sock.connect(spec.kv_events_endpoint)
     try:
         await asyncio.sleep(SLOW_JOINER_S)
-        probe = f"warmgate seed probe {uuid.uuid4().hex}. " * (2 * p.block_size)
+        probe = f"warmgate seed probe {uuid.uuid4().hex}. " * (2 * size)
         body = {"model": model, "prompt": probe, "max_tokens": 1}
         try:
             r = await client.post(f"{spec.url}/v1/completions", json=body, timeout=timeout_s)
@@ -71,10 +73,10 @@ async def check_hash_seed(
                     ok = list(ev.block_hashes[:n]) == ours[:n]
                     detail = (
                         f"{n} blocks of the engine's KV events hash as routing.precise.hash_seed"
-                        f" {p.hash_seed!r} does"
+                        f" {seed!r} does"
                         if ok
                         else f"the engine's block hashes differ from those of hash_seed "
-                        f"{p.hash_seed!r} (another PYTHONHASHSEED, or a random one)"
+                        f"{seed!r} (another PYTHONHASHSEED, or a random one)"
                     )
                     return Check("hash_seed", ok, detail)
         return Check(
