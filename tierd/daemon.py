@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tierd import events as ev
+from tierd.engine_events import EngineEvents
 from tierd.events import EventPublisher
 from tierd.kvserver import KvServer
 from tierd.loader import Loader
@@ -46,6 +47,9 @@ class Daemon:
         self.kv: KvServer | None = None
         if settings.kv_socket is not None:
             self.kv = KvServer(self.store, self.loader, settings.kv_socket)
+        self.engine_events: EngineEvents | None = None
+        if self.kv is not None and settings.engine_events:
+            self.engine_events = EngineEvents(settings.engine_events, self.kv)
         self._background: set[asyncio.Task[Any]] = set()
         self.opening: asyncio.Task[None] | None = None
         self.open_error: str | None = None
@@ -61,6 +65,8 @@ class Daemon:
         self._sweeper = asyncio.create_task(self._sweep(), name="tierd-sweep")
         if self.kv is not None:
             await self.kv.start()
+        if self.engine_events is not None:
+            await self.engine_events.start()
 
     async def _sweep(self) -> None:
         """End idle dialogues' protection (and snapshot them) even when nothing is put."""
@@ -98,6 +104,8 @@ class Daemon:
             await asyncio.shield(self.opening)
 
     async def close(self) -> None:
+        if self.engine_events is not None:
+            await self.engine_events.close()
         if self.kv is not None:
             await self.kv.close()
         if self._sweeper is not None:
@@ -158,4 +166,5 @@ class Daemon:
         out["open_error"] = self.open_error
         out["in_flight_transfers"] = self.loader.in_flight
         out["connector"] = self.kv.stats() if self.kv is not None else None
+        out["engine_events"] = self.engine_events.stats() if self.engine_events else None
         return out

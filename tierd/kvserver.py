@@ -19,12 +19,14 @@ import itertools
 import json
 import logging
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tierd import events as ev
+from tierd.counters import ThroughputMeter
 from tierd.kvwire import decode_length, encode
 from tierd.loader import Loader
 from tierd.slices import SliceMeta, make_meta
@@ -40,6 +42,7 @@ class Conn:
 
     role: str = "?"
     leases: dict[int, list[int]] = field(default_factory=dict)
+    lease_started: dict[int, tuple[float, int]] = field(default_factory=dict)
     reserved: set[int] = field(default_factory=set)
 
 
@@ -56,6 +59,8 @@ class KvServer:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # L1 -> engine: from the load request to the release, so the engine's copy counts
+        self.host_meter = store.meters.setdefault("host", ThroughputMeter())
 
     async def start(self) -> None:
         if self.store.l1.shm_fd is None:
@@ -145,7 +150,11 @@ class KvServer:
         if op == "load":
             return await self._load(conn, [int(h) for h in msg["hashes"]])
         if op == "release":
-            self._unpin(conn.leases.pop(int(msg["lease"]), []))
+            lease = int(msg["lease"])
+            self._unpin(conn.leases.pop(lease, []))
+            started = conn.lease_started.pop(lease, None)
+            if started is not None and started[1] > 0:
+                self.host_meter.record(started[1], started[0], time.monotonic())
             return None
         if op == "reserve":
             return await self._reserve(conn, int(msg["n"]))
@@ -216,6 +225,7 @@ class KvServer:
                 self.counters["load_errors"] += 1
             finally:
                 self.loader.release(t)
+        t0 = time.monotonic()  # the host meter starts once the slices are in L1
         slots: list[list[int] | None] = []
         pinned: list[int] = []
         for h in hashes:  # no await from here on: what we see in L1 is what we pin
@@ -234,6 +244,7 @@ class KvServer:
         st.counters.bytes_moved["get"] += sum(s[1] for s in slots if s is not None)
         lease = next(self._lease_ids)
         conn.leases[lease] = pinned
+        conn.lease_started[lease] = (t0, sum(s[1] for s in slots if s is not None))
         return {"lease": lease, "slots": slots}
 
     def _unpin(self, hashes: list[int]) -> None:

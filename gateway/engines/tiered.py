@@ -153,6 +153,8 @@ class TieredInstance:
         core = fc.cores[index] if fc.cores else index % ncpu
         port = fc.ports[index] if fc.ports else free_port(fc.host)
         self.engine = VllmEngine(ecfg, index, port, core, run_dir)
+        if self.engine.kv_events_endpoint is not None:  # BlockRemoved: a block left the engine
+            self.tierd.args += ["--engine-events", self.engine.kv_events_endpoint]
 
     def stats(self) -> dict[str, int]:
         """The connector's counters, scheduler and worker side summed."""

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 
+from contracts.kv_events import (
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    decode_batch,
+    decode_frames,
+    encode_batch,
+    encode_frames,
+)
 from tierd.daemon import Daemon
 from tierd.kvwire import KvClient, KvSocketError
 from tierd.settings import TierdSettings
@@ -161,3 +173,56 @@ async def test_a_dead_connector_gives_back_its_pins_and_slots(tmp_path: Path) ->
 async def test_tierd_gone_is_an_error_the_connector_can_count(tmp_path: Path) -> None:
     with pytest.raises(KvSocketError):
         await asyncio.to_thread(KvClient, str(tmp_path / "nobody.sock"), "ns", "worker")
+
+
+async def test_engine_block_removed_lets_the_l1_copy_pass_the_gate_and_l1_is_published_as_cpu(
+    tmp_path: Path,
+) -> None:
+    ctx = zmq.asyncio.Context()
+    engine_pub = ctx.socket(zmq.PUB)
+    engine_pub.setsockopt(zmq.LINGER, 0)
+    engine_ep = f"ipc://{tmp_path}/engine.events"
+    engine_pub.bind(engine_ep)
+    tierd_ep = f"ipc://{tmp_path}/tierd.events"
+    heard = ctx.socket(zmq.SUB)
+    heard.setsockopt(zmq.LINGER, 0)
+    heard.setsockopt_string(zmq.SUBSCRIBE, "")
+    heard.connect(tierd_ep)
+    a = await started(settings(tmp_path, "a", engine_events=engine_ep, events_endpoint=tierd_ep))
+    try:
+        c = await asyncio.to_thread(KvClient, str(tmp_path / "a.sock"), "ns", "worker")
+        await asyncio.to_thread(save, c, {77: b"k" * 1000, 78: b"v" * 1000})
+        await wait_for(lambda: 78 in a.store.l1)
+        entry = a.store.l1.entry(77)
+        assert entry is not None and not entry.sticky
+        batch = EventBatch(time.time(), (BlockRemoved((77,), "GPU"), BlockRemoved((5,), "CPU")))
+        seq = 0
+
+        def heard_removal() -> bool:  # a PUB drops what it sends before the SUB is joined
+            nonlocal seq
+            engine_pub.send_multipart(encode_frames("", seq, encode_batch(batch)))
+            seq += 1
+            return entry.sticky
+
+        await wait_for(heard_removal)
+        assert a.engine_events is not None
+        assert a.engine_events.counters["removed"] >= 1
+        await asyncio.sleep(0.3)  # our SUB has long joined tierd's PUB by now
+        await asyncio.to_thread(save, c, {80: b"z" * 1000})
+        mediums: set[str | None] = set()
+        while await heard.poll(2000):
+            got = decode_batch(decode_frames(await heard.recv_multipart()).payload)
+            mediums |= {
+                e.medium
+                for e in got.events
+                if isinstance(e, BlockStored) and e.block_hashes == (80,)
+            }
+            if "ARRAY" in mediums and "CPU" in mediums:
+                break
+        assert mediums == {"CPU", "ARRAY"}  # tierd's L1 is the instance's host tier here
+        c.close()
+    finally:
+        await a.close()
+        heard.close()
+        engine_pub.close()
+        ctx.term()

@@ -17,14 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-U64 = (1 << 64) - 1
+from contracts.slices import normalize as block_key  # the slice-key rule's one owner
 
-
-def block_key(block_hash: bytes | int) -> int:
-    """vLLM's block hash as the int its KV events carry."""
-    if isinstance(block_hash, int):
-        return block_hash & U64
-    return int.from_bytes(block_hash, "big") & U64
+__all__ = ["block_key"]
 
 
 @dataclass
