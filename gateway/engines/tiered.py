@@ -28,6 +28,7 @@ import httpx
 
 from gateway.engines.process import ProcessTree
 from gateway.engines.vllm_fleet import FleetConfig, VllmEngine, free_port
+from tierd.slices import HEADER_BYTES, decode_header
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONNECTOR_MODULE = "tierd.connector.vllm_v1"
@@ -179,6 +180,31 @@ class TieredFleet:
         self.instances = [
             TieredInstance(i, cfg, run_dir, self.array_dir) for i in range(cfg.fleet.engines)
         ]
+
+    @property
+    def engines(self) -> list[VllmEngine]:
+        """The engines, as `VllmFleet.engines` (a tiered fleet stands in for a plain one)."""
+        return [inst.engine for inst in self.instances]
+
+    @property
+    def tierd_urls(self) -> dict[str, str]:
+        """Engine id -> its tierd's HTTP API (the gateway's `tierd_url`)."""
+        return {inst.engine.id: inst.tierd.url for inst in self.instances}
+
+    def chain_since(self, before: set[Path]) -> list[int]:
+        """Block hashes of the slice files added to the array since `before` (a set of
+        paths), in chain order by their parent links: one prompt's blocks, first to last."""
+        by_parent: dict[int | None, int] = {}
+        for path in set(self.array_dir.glob("??/*.slice")) - before:
+            with open(path, "rb") as f:
+                meta = decode_header(f.read(HEADER_BYTES))
+            by_parent[meta.parent] = meta.hash
+        chain: list[int] = []
+        parent: int | None = None
+        while parent in by_parent:
+            parent = by_parent.pop(parent)
+            chain.append(parent)
+        return chain
 
     def start(self) -> None:
         try:

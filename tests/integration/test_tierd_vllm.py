@@ -21,7 +21,8 @@ from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig
 from tests.support.engines import engine_python_or_skip
 from tests.support.vllm_fleets import FleetSlot
-from tierd.slices import HEADER_BYTES, decode_header
+from tierd.slices import HEADER_BYTES
+from tierd.tiers.l2_array import ArrayDir
 
 pytestmark = pytest.mark.slow
 BLOCK = 128  # vLLM's CPU default
@@ -95,23 +96,6 @@ def wait_until(cond: Callable[[], bool], within_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def array_chain(array_dir: Path, before: set[Path]) -> list[Path]:
-    """The slice files written since `before`, in chain order (parent links)."""
-    files = {p for p in array_dir.glob("??/*.slice")} - before
-    by_parent: dict[int | None, Path] = {}
-    for p in files:
-        with open(p, "rb") as f:
-            meta = decode_header(f.read(HEADER_BYTES))
-        by_parent[meta.parent] = p
-    chain: list[Path] = []
-    parent: int | None = None
-    while parent in by_parent:
-        p = by_parent.pop(parent)
-        chain.append(p)
-        parent = int(p.stem, 16)
-    return chain
-
-
 def computed_on_a(fleet: TieredFleet, ids: list[int]) -> dict[str, Any]:
     """Engine A computes the prompt cold; returns once its tierd holds every full block in
     the shared array."""
@@ -160,9 +144,9 @@ def test_a_corrupt_slice_is_recomputed_not_served(fleet: TieredFleet) -> None:
     ids = prompt(303, 1500)
     before = set(fleet.array_dir.glob("??/*.slice"))
     computed_on_a(fleet, ids)
-    chain = array_chain(fleet.array_dir, before)
+    chain = fleet.chain_since(before)
     assert len(chain) == (len(ids) - 1) // BLOCK
-    victim = chain[3]
+    victim = ArrayDir(fleet.array_dir, 0).path(chain[3])
     raw = bytearray(victim.read_bytes())
     for i in range(HEADER_BYTES + 100, len(raw), 4096):
         raw[i] ^= 0x5A  # payload damage: the header stays valid, the crc does not

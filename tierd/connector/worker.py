@@ -4,8 +4,9 @@ shared L1 arena, and keeps its links to tierd.
 Host KV (vLLM CPU) moves through the native module's `copy_batch` (parallel memcpy, GIL
 released) straight between the KV storage and the mapped arena. Device KV (CUDA/HIP) moves
 with torch copies between the device tensor and the arena mapped as a host tensor; that
-path has not run on a GPU in this repository yet (no device here): see
-`scripts/tierd-device-check.sh`. A link that fails is dropped and retried after a pause;
+path has not run on a GPU in this repository yet (no device here); the device check
+(`python -m tierd.connector.device_check` with the engine's python) runs it on whatever
+device torch has, and on the CPU here. A link that fails is dropped and retried after a pause;
 while it is down, loads fail (the engine recomputes) and saves are skipped, both counted.
 """
 
@@ -111,6 +112,8 @@ class BlockMover:
         namespace: str,
         counters: Counter[str],
         stats_file: str | None = None,
+        *,
+        torch_copies: bool = False,
     ) -> None:
         self.counters = counters
         self.stats_file = Path(stats_file) if stats_file else None
@@ -129,7 +132,8 @@ class BlockMover:
             )
         self.layout = BlockLayout(tuple(layers))
         self.storages = list(storages.values())
-        self.on_device = any(s.device.type != "cpu" for s in self.storages)
+        # torch copies for device KV (and, for the device check, on demand on the CPU)
+        self.on_device = torch_copies or any(s.device.type != "cpu" for s in self.storages)
         self.save_link = Link(path, namespace, "worker-save", counters)
         self.load_link = Link(path, namespace, "worker-load", counters)
         self._load_lock = threading.Lock()
@@ -162,7 +166,7 @@ class BlockMover:
                     storage[e : e + n].copy_(host[s : s + n])
                 else:
                     host[s : s + n].copy_(storage[e : e + n])
-            if not load:
+            if not load and storage.device.type == "cuda":  # ROCm builds say "cuda" too
                 torch.cuda.synchronize()  # the arena must hold the bytes before the commit
 
     # -- loads ---------------------------------------------------------------------------
