@@ -79,6 +79,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="comma list of smg, smg-prefix-hash, sglang-router, litellm, dynamo",
     )  # fmt: skip
     p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
+    p.add_argument(
+        "--tiers",
+        action="store_true",
+        help="vllm: a tierd with the KV connector beside each engine for warmgate's runs",
+    )
     p.add_argument("--json", dest="json_out", help="also write results.json here")
     p.add_argument("--seed", type=int, default=None, help="workload seed (7; vllm: 11)")
     p.add_argument("--profile", default="qwen2.5-32b-h200")
@@ -221,7 +226,9 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
     spec: FleetSpec | RealFleetSpec = (
-        RealFleetSpec(instances=args.instances) if args.engines == "vllm" else sim_spec
+        RealFleetSpec(instances=args.instances, tiers=args.tiers)
+        if args.engines == "vllm"
+        else sim_spec
     )
     peers = [p for p in args.peers.split(",") if p]
     gateways = [g for g in args.gateways.split(",") if g] + peers

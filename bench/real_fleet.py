@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.peers import Gateway, start_gateway
 from gateway.engines.models import ensure_tiny_model
+from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
 
 # vLLM extra fields every replayed request carries: a random-weight model may stop at once or
@@ -43,6 +44,10 @@ class RealFleetSpec:
     kv_cache_gib: float = 1.0
     block_size: int | None = None  # None: the engine's default (128 on CPU)
     start_timeout_s: float = 300.0
+    # tierd beside each engine for warmgate's own gateways (the KV connector, one shared
+    # array, `tierd_url` in warmgate's config: prefetch hints and measured tier bandwidths);
+    # peers always get plain engines. `bench compare --tiers`.
+    tiers: bool = False
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -57,14 +62,17 @@ def engine_block_size(metrics_text: str) -> int | None:
 class RealFleet:
     """Fresh vLLM engines, one core each."""
 
-    def __init__(self, spec: RealFleetSpec, run_dir: Path) -> None:
+    def __init__(self, spec: RealFleetSpec, run_dir: Path, *, tiered: bool = False) -> None:
         self.spec = spec
         self.cfg = FleetConfig(
             model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,
             block_size=spec.block_size, kv_cache_gib=spec.kv_cache_gib,
             start_timeout_s=spec.start_timeout_s,
         )  # fmt: skip
-        self.fleet = VllmFleet(self.cfg)
+        self.fleet: VllmFleet | TieredFleet = (
+            TieredFleet(TieredConfig(self.cfg)) if tiered else VllmFleet(self.cfg)
+        )
+        self.tierd_urls = self.fleet.tierd_urls if isinstance(self.fleet, TieredFleet) else {}
         self.engines = {e.id: e.url for e in self.fleet.engines}
         self.block_size: int | None = None
 
@@ -112,6 +120,7 @@ class RealFleet:
                 {
                     "id": e.id,
                     "url": e.url,
+                    **({"tierd_url": self.tierd_urls[e.id]} if e.id in self.tierd_urls else {}),
                     "models": [self.model],
                     **(
                         {"kv_events_endpoint": e.kv_events_endpoint} if e.kv_events_endpoint else {}
@@ -140,7 +149,9 @@ async def real_fleet_with_gateway(
     """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None)."""
     # short path: ipc:// socket paths must fit in 107 bytes
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
-    fleet = await asyncio.to_thread(RealFleet, spec, workdir)  # may build the model once
+    tiered = spec.tiers and (gateway or "").startswith("warmgate")
+    # may build the model once
+    fleet = await asyncio.to_thread(lambda: RealFleet(spec, workdir, tiered=tiered))
     gw: Gateway | None = None
     try:
         await fleet.start()

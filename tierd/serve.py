@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-scale", type=float, help="wall seconds per emulated second (match the engines)"
     )
+    p.add_argument(
+        "--array-o-direct",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="O_DIRECT array reads where allowed (default on)",
+    )
     p.add_argument("--kv-socket", type=Path, help="Unix socket for an engine's KV connector")
     p.add_argument("--kv-namespace", help="refuse connectors of another model/dtype/hashing")
     p.add_argument("--engine-events", help="the engine's KV events (ZMQ), for BlockRemoved")

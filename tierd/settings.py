@@ -26,6 +26,10 @@ class TierdSettings(BaseSettings):
     array_dir: Path = Path("./tierd-array")
     array_bytes: int = Field(default=0, ge=0)
     fsync: bool = False
+    # O_DIRECT array reads where the filesystem allows. Off when the tierds sharing the
+    # array share one machine: a slice a peer just wrote is in the page cache, and O_DIRECT
+    # would read it from the disk again (measured here: 141 MB/s against GB/s).
+    array_o_direct: bool = True
     # L3: cold snapshots.
     snapshot_dir: Path = Path("./tierd-snapshots")
     snapshot_bytes: int = Field(default=0, ge=0)  # 0 = no capacity bound

@@ -61,6 +61,7 @@ class Snapshotter:
     async def gather(self, hashes: list[int]) -> list[tuple[SliceMeta, Payload]]:
         """The chain's slices that L1 or the array can give, verified, in chain order."""
         st = self.store
+        await st.discover(hashes)  # slices a peer wrote to the shared array count too
         got: dict[int, tuple[SliceMeta, Payload]] = {}
         in_l1 = [h for h in hashes if h in st.l1]
         for h in in_l1:

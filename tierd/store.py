@@ -72,7 +72,10 @@ class TieredStore:
         backend = "shm" if settings.kv_socket is not None else settings.l1_backend
         self.l1 = L1Arena(settings.l1_bytes, settings.slice_bytes, backend)
         self.l1_order = LruK(self.history)
-        self.array = ArrayDir(settings.array_dir, settings.slice_bytes, fsync=settings.fsync)
+        self.array = ArrayDir(
+            settings.array_dir, settings.slice_bytes, fsync=settings.fsync,
+            allow_direct=settings.array_o_direct,
+        )  # fmt: skip
         self.array_index: dict[int, SliceMeta | None] = {}
         self.array_order = LruK(self.history)
         self.array_bytes = 0

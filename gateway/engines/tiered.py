@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ class TieredConfig:
     l1_bytes: int = 512 * 1024 * 1024
     load: str = "sync"  # the connector's load mode: sync | async
     python: str = sys.executable  # tierd's interpreter (this environment)
+    # Residency events: each tierd publishes on ipc://<run_dir>/tierd-<i>.events and, with a
+    # Redis, into the pool's stream, which the gateway's index reads (state backend redis).
+    redis_url: str | None = None
+    pool: str = "default"
 
 
 class TierdProcess:
@@ -137,8 +142,14 @@ class TieredInstance:
                 str(run_dir / f"snapshots-{index}"),
                 "--log-level",
                 "info",
+                # one machine: a peer's fresh slice is in the page cache; O_DIRECT rereads it
+                "--no-array-o-direct",
+                "--events-endpoint",
+                f"ipc://{run_dir}/{name}.events",
+                *(["--redis-url", cfg.redis_url, "--pool", cfg.pool] if cfg.redis_url else []),
             ],
         )
+        self.events_endpoint = f"ipc://{run_dir}/{name}.events"
         self.stats_dir = run_dir / f"connector-{index}"
         ecfg = replace(
             fc,
@@ -176,10 +187,22 @@ class TieredFleet:
             raise ValueError("a tiered fleet needs a run_dir (sockets, logs, the array)")
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
+        self.cfg = cfg.fleet  # what VllmFleet's users read (hash seed, algorithm, ...)
+        self.tiered = cfg
         self.array_dir = cfg.array_dir or run_dir / "array"
         self.instances = [
             TieredInstance(i, cfg, run_dir, self.array_dir) for i in range(cfg.fleet.engines)
         ]
+
+    def __iter__(self) -> Iterator[VllmEngine]:
+        return iter(self.engines)
+
+    def __enter__(self) -> TieredFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     @property
     def engines(self) -> list[VllmEngine]:

@@ -226,3 +226,31 @@ async def test_engine_block_removed_lets_the_l1_copy_pass_the_gate_and_l1_is_pub
         heard.close()
         engine_pub.close()
         ctx.term()
+
+
+async def test_a_peer_snapshots_what_another_tierd_wrote_and_serves_it_after_the_array_is_gone(
+    tmp_path: Path,
+) -> None:
+    a = await started(settings(tmp_path, "a"))
+    b = await started(settings(tmp_path, "b"))
+    try:
+        blocks = {3000 + i: os.urandom(SLOT // 2) for i in range(4)}
+        ca = await asyncio.to_thread(KvClient, str(tmp_path / "a.sock"), "ns", "worker")
+        await asyncio.to_thread(save, ca, blocks)
+        await wait_for(lambda: len(a.store.array_index) == 4)
+        snap = await b.snapshotter.snapshot(list(blocks))  # b never saw these slices
+        assert snap["slices"] == 4
+        await a.evict(list(blocks), "ARRAY")
+        assert not any(a.store.array.exists(h) for h in blocks)
+        cb = await asyncio.to_thread(KvClient, str(tmp_path / "b.sock"), "ns", "worker")
+        found = await asyncio.to_thread(cb.call, {"op": "lookup", "hashes": list(blocks)})
+        assert found["n"] == 4
+        # b's index may still name the array (it learnt the files before a deleted them):
+        # the load finds them gone and falls back to the snapshot
+        assert await asyncio.to_thread(load, cb, list(blocks)) == list(blocks.values())
+        assert b.store.counters.bytes_moved["snapshot_to_l1"] >= 4 * (SLOT // 2)
+        ca.close()
+        cb.close()
+    finally:
+        await a.close()
+        await b.close()

@@ -49,8 +49,11 @@ class ReadResult:
 class ArrayDir:
     """Synchronous file operations on one array directory."""
 
-    def __init__(self, root: Path, max_slice_bytes: int, *, fsync: bool = False) -> None:
+    def __init__(
+        self, root: Path, max_slice_bytes: int, *, fsync: bool = False, allow_direct: bool = True
+    ) -> None:
         self.root = root
+        self.allow_direct = allow_direct
         self.max_slice_bytes = max_slice_bytes
         self.fsync = fsync
         self.direct = False  # O_DIRECT reads: set by `probe()` where the filesystem allows
@@ -62,6 +65,9 @@ class ArrayDir:
         """Create the directory; use O_DIRECT for reads if its filesystem takes it (no
         page-cache copy, and parallel reads of many small files go faster; `tierd bench`)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if not self.allow_direct:
+            self.direct, self.direct_reason = False, "off by setting (array_o_direct)"
+            return False
         self.direct, self.direct_reason = probe_direct(self.root)
         return self.direct
 
