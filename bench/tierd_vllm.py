@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -264,6 +265,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model = await asyncio.to_thread(ensure_tiny_model)
     run_dir = Path(tempfile.mkdtemp(prefix="wg-tb-"))
     out: dict[str, Any] = {"lookup_rtt": await asyncio.to_thread(lookup_rtt, run_dir)}
+
+    def keep() -> None:  # what is measured so far survives a later failure
+        if args.json_out:
+            args.json_out.write_text(json.dumps(out, indent=1))
+
     base = FleetConfig(model_dir=model, engines=2, served_model_name=MODEL, kv_events=True)
     loads: list[dict[str, Any]] = []
     tiered = TieredFleet(TieredConfig(replace(base, run_dir=run_dir / "t")))
@@ -272,7 +278,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         urls = [e.url for e in tiered.engines]
         await _warm(urls)
         out["cross_instance"] = await cross_instance(tiered, args.prompts, args.length)
+        keep()
         out["snapshot_restore"] = await snapshot_restore(tiered, args.prompts, args.length)
+        keep()
         for c in (1, 2):
             loads.append(
                 {
@@ -283,6 +291,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         out["tierd_stats"] = [await asyncio.to_thread(i.tierd.stats) for i in tiered.instances]
         out["connector_stats"] = [i.stats() for i in tiered.instances]
+        out["dialogues"] = loads
+        keep()
     finally:
         await asyncio.to_thread(tiered.stop)
     plain = VllmFleet(replace(base, run_dir=run_dir / "p"))
@@ -301,6 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(plain.stop)
     out["dialogues"] = loads
+    shutil.rmtree(run_dir, ignore_errors=True)
     return out
 
 

@@ -68,6 +68,7 @@ class TieredConfig:
     array_dir: Path | None = None  # shared by every tierd; None: <run_dir>/array
     l1_bytes: int = 512 * 1024 * 1024
     load: str = "sync"  # the connector's load mode: sync | async
+    loads: tuple[str, ...] = ()  # per engine, overriding `load` (tests run one of each)
     python: str = sys.executable  # tierd's interpreter (this environment)
     # Residency events: each tierd publishes on ipc://<run_dir>/tierd-<i>.events and, with a
     # Redis, into the pool's stream, which the gateway's index reads (state backend redis).
@@ -157,7 +158,11 @@ class TieredInstance:
             extra_args=[
                 *fc.extra_args,
                 "--kv-transfer-config",
-                connector_config(self.tierd.socket, self.stats_dir, cfg.load),
+                connector_config(
+                    self.tierd.socket,
+                    self.stats_dir,
+                    cfg.loads[index] if index < len(cfg.loads) else cfg.load,
+                ),
             ],
             extra_env={**fc.extra_env, "PYTHONPATH": str(REPO_ROOT)},
         )

@@ -46,6 +46,7 @@ def fleet(session_fleets: FleetSlot) -> TieredFleet:
                     python=python,
                 ),
                 l1_bytes=256 * 1024 * 1024,
+                loads=("sync", "async"),  # B loads in a thread while its request waits
             )
         )
 
@@ -126,6 +127,20 @@ def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
     stats = b.stats()
     assert stats["loaded_blocks"] >= full // BLOCK
     assert stats["lookup_rtt_samples"] >= 1
+
+
+def test_engine_a_loads_synchronously_what_engine_b_computed(fleet: TieredFleet) -> None:
+    a, b = fleet.instances
+    ids = prompt(150, 1400)
+    written = b.tierd.stats()["connector"].get("write_through_blocks", 0)
+    assert complete(b.engine.url, ids)["cached"] == 0
+    full = (len(ids) - 1) // BLOCK
+    wait_until(
+        lambda: b.tierd.stats()["connector"].get("write_through_blocks", 0) >= written + full
+    )
+    served = complete(a.engine.url, ids)
+    assert served["cached"] == full * BLOCK
+    assert served["ids"] == complete(a.engine.url, ids, salt=f"recompute-{uuid.uuid4()}")["ids"]
 
 
 def test_a_partial_prefix_hit_loads_the_shared_part_only(fleet: TieredFleet) -> None:
