@@ -17,7 +17,11 @@ TTFT is the time to the first streamed chunk that carries text (`skip_special_to
    recompute of it.
 4. Dialogues whose turns alternate between the engines (what a gateway without session
    affinity, or one rebalancing load, does): TTFT p50 and throughput with the array against
-   vLLM's own prefix cache alone, at 1 and 2 dialogues per engine at a time.
+   vLLM's own prefix cache alone, at 1 and 2 dialogues per engine at a time, on the same
+   fleet in ABBA order (the machine is shared and its load drifts by the minute): the
+   baseline salts each dialogue per engine, so only an engine's own cache can hit; it still
+   pays the connector's lookups and saves, so it flatters the baseline's cost a little less
+   than engines without the connector would (`--plain` runs those too, afterwards).
 """
 
 from __future__ import annotations
@@ -223,10 +227,23 @@ async def snapshot_restore(fleet: TieredFleet, prompts: int, length: int) -> dic
 
 
 async def dialogues(
-    urls: Sequence[str], per_engine: int, turns: int, first: int, step: int, seed: int
+    urls: Sequence[str],
+    per_engine: int,
+    turns: int,
+    first: int,
+    step: int,
+    seed: int,
+    *,
+    shared: bool,
+    tag: str,
 ) -> dict[str, Any]:
     """`per_engine * len(urls)` dialogues at once; turn t of dialogue d goes to engine
-    (d + t) mod n, so every turn after the first lands where the last one did not run."""
+    (d + t) mod n, so every turn after the first lands where the last one did not run.
+
+    Every request carries a `cache_salt`: with `shared`, one per dialogue (the engines'
+    block hashes agree, so the other engine's blocks are found in the array); without, one
+    per dialogue and engine (the same tokens hash differently on each engine: only vLLM's
+    own prefix cache can hit, the same fleet and minute as the shared run)."""
     n = per_engine * len(urls)
     samples: list[float] = []
     cached: list[int] = []
@@ -237,8 +254,9 @@ async def dialogues(
         history = tokens(seed * 1000 + d, first)
         async with httpx.AsyncClient(timeout=900.0, trust_env=False) as client:
             for t in range(turns):
-                url = urls[(d + t) % len(urls)]
-                r = await ttft(client, url, history, n=16)
+                e = (d + t) % len(urls)
+                salt = f"{tag}-d{d}" if shared else f"{tag}-d{d}-e{e}"
+                r = await ttft(client, urls[e], history, salt=salt, n=16)
                 if r["ttft_s"] is not None:
                     samples.append(r["ttft_s"])
                 cached.append(r["cached"])
@@ -281,36 +299,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         keep()
         out["snapshot_restore"] = await snapshot_restore(tiered, args.prompts, args.length)
         keep()
-        for c in (1, 2):
+        # ABBA order: the machine's load drifts (it is shared), each pair sees the same drift
+        for c, shared in ((1, True), (1, False), (2, False), (2, True)):
+            got = await dialogues(
+                urls, c, args.turns, args.first, args.step, seed=10 + c, shared=shared,
+                tag=uuid.uuid4().hex[:8],
+            )  # fmt: skip
             loads.append(
-                {
-                    "mode": "array",
-                    "per_engine": c,
-                    **await dialogues(urls, c, args.turns, args.first, args.step, seed=10 + c),
-                }
+                {"mode": "array" if shared else "prefix_cache_only", "per_engine": c, **got}
             )
+            keep()
         out["tierd_stats"] = [await asyncio.to_thread(i.tierd.stats) for i in tiered.instances]
         out["connector_stats"] = [i.stats() for i in tiered.instances]
         out["dialogues"] = loads
         keep()
     finally:
         await asyncio.to_thread(tiered.stop)
-    plain = VllmFleet(replace(base, run_dir=run_dir / "p"))
-    await asyncio.to_thread(plain.start)
-    try:
-        urls = [e.url for e in plain.engines]
-        await _warm(urls)
-        for c in (1, 2):
-            loads.append(
-                {
-                    "mode": "prefix_cache_only",
-                    "per_engine": c,
-                    **await dialogues(urls, c, args.turns, args.first, args.step, seed=10 + c),
-                }
-            )
-    finally:
-        await asyncio.to_thread(plain.stop)
-    out["dialogues"] = loads
+    if args.plain:  # the same dialogues on engines without the connector (another minute)
+        plain = VllmFleet(replace(base, run_dir=run_dir / "p"))
+        await asyncio.to_thread(plain.start)
+        try:
+            urls = [e.url for e in plain.engines]
+            await _warm(urls)
+            for c in (1, 2):
+                got = await dialogues(
+                    urls, c, args.turns, args.first, args.step, seed=10 + c, shared=False,
+                    tag=uuid.uuid4().hex[:8],
+                )  # fmt: skip
+                loads.append({"mode": "no_connector", "per_engine": c, **got})
+                keep()
+        finally:
+            await asyncio.to_thread(plain.stop)
+    out["dialogues"] = sorted(loads, key=lambda d: (d["per_engine"], d["mode"]))
     shutil.rmtree(run_dir, ignore_errors=True)
     return out
 
@@ -370,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--first", type=int, default=1500, help="first turn's prompt tokens")
     p.add_argument("--step", type=int, default=150, help="new user tokens per turn")
+    p.add_argument("--plain", action="store_true", help="also engines without the connector")
     p.add_argument("--json", dest="json_out", type=Path)
     p.add_argument("--md", dest="md_out", type=Path)
     args = p.parse_args(argv)
