@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
@@ -177,6 +178,8 @@ async def run_gateway(
         started_s = time.perf_counter() - t_start
         poller = MetricsPoller(fleet.engines, interval_s=1.0)
         await poller.start()
+        loads: list[float] = []
+        sampler = asyncio.create_task(_sample_load(loads))
         t0 = time.perf_counter()
         records = await replay(
             gw.base_url, items, model=fleet.model, compress=args.compress,
@@ -185,12 +188,22 @@ async def run_gateway(
             body_extra=VLLM_BODY_EXTRA if real else None,
         )  # fmt: skip
         duration = time.perf_counter() - t0
+        sampler.cancel()
         await poller.stop()
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
+    # the machine's 1-minute load average during the replay: on a shared machine other
+    # work competes for the engines' cores, and differently in each gateway's run
+    summary["machine_load_mean"] = round(sum(loads) / len(loads), 2) if loads else None
     ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
     return summary, ttfts, poller.requests_over_time()
+
+
+async def _sample_load(out: list[float], every_s: float = 2.0) -> None:
+    while True:
+        out.append(os.getloadavg()[0])
+        await asyncio.sleep(every_s)
 
 
 def _prompt_range(gateways: dict[str, Any], tmp: Path) -> dict[str, int] | None:

@@ -169,6 +169,7 @@ TABLE_COLUMNS = (
     ("load_imbalance", "imbalance"),
     ("requests", "requests"),
     ("errors", "errors"),
+    ("machine_load_mean", "machine load"),
 )
 
 
