@@ -36,6 +36,7 @@ def build_admin_router() -> APIRouter:
         state = app_state(request)
         block_tokens = state.settings.routing.block_tokens
         fleet = state.fleet
+        loads = state.engine_load  # gateway.engine_load: what the engines say
         out: list[dict[str, Any]] = []
         for inst in state.health.instances():  # the fleet now (gateway.fleet changes it)
             in_flight, queued = state.router.load.view(inst.id)
@@ -54,6 +55,7 @@ def build_admin_router() -> APIRouter:
                     "cached_blocks_believed": blocks,
                     "cached_tokens_believed": blocks * block_tokens,
                     "tierd_stats": state.tier_stats.get(inst.id),
+                    "engine": loads.view(inst.id) if loads is not None else None,
                 }
             )
         return JSONResponse({"instances": out})
@@ -61,11 +63,14 @@ def build_admin_router() -> APIRouter:
     @router.get("/stats")
     async def stats(request: Request) -> JSONResponse:
         state = app_state(request)
+        loads = state.engine_load
         return JSONResponse(
             {
                 **state.stats.to_dict(),
                 "healthy_instances": len(state.health.healthy_ids()),
                 "router": state.router.stats(),
+                # the engines' own accounting, beside warmgate's predicted-vs-reported
+                "engine_reported": loads.reported() if loads is not None else None,
             }
         )
 

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI
 from gateway.admin import build_admin_router
 from gateway.asgi_app import GatewayApp
 from gateway.engine_check import check_engines
+from gateway.engine_load import attach_engine_load
 from gateway.errors import install_error_handlers
 from gateway.fleet import attach_fleet
 from gateway.fleet_api import build_fleet_router
@@ -127,6 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await attach_limits(state)
             await attach_ui(state)
             attach_health_resync(state)
+            attach_engine_load(state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")
             if state.prefetch.available:

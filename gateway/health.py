@@ -88,6 +88,8 @@ class HealthChecker:
         # called as listener(instance, old_state, new_state) on every change (sync, short):
         # the KV view of an instance that went away must not outlive it (gateway.kv_resync)
         self.listeners: list[Callable[[str, HealthState, HealthState], None]] = []
+        # narrow a model's healthy candidates (gateway.engine_load's overload veto)
+        self.candidate_filters: list[Callable[[list[str]], list[str]]] = []
         for i in instances:
             metrics.instance_healthy.labels(i.id).set(0)
 
@@ -151,7 +153,10 @@ class HealthChecker:
         return list(seen)
 
     def candidates_for(self, model: str) -> list[str]:
-        return [i for i in self.healthy_ids() if model in self.models_of(i)]
+        out = [i for i in self.healthy_ids() if model in self.models_of(i)]
+        for keep in self.candidate_filters:  # e.g. the engines' overload veto
+            out = keep(out)
+        return out
 
     # --- transitions ---------------------------------------------------------------------
     def record_success(self, instance_id: str, latency_s: float | None = None) -> None:

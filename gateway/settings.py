@@ -156,6 +156,16 @@ class KvEventsSettings(BaseModel):
     topic: str = ""  # vLLM's default (KVEventsConfig.topic)
 
 
+class EngineMetricsSettings(BaseModel):
+    """Scraping each engine's own metrics (gateway/engine_load.py): load and an overload
+    veto, and the engine's prompt-token accounting."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=2.0, gt=0)
+    veto_waiting: int | None = Field(default=32, ge=1)  # None: never veto on the queue
+    veto_kv_usage: float | None = Field(default=0.99, gt=0, le=1)  # None: never on KV use
+
+
 class TierSettings(BaseModel):
     """The gateway's side of tierd: prefetch hints and tier-bandwidth polling."""
 
@@ -200,6 +210,7 @@ class Settings(BaseSettings):
     state: StateSettings = Field(default_factory=StateSettings)
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
+    engine_metrics: EngineMetricsSettings = Field(default_factory=EngineMetricsSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
     # Stream from the engine even for non-streaming clients (the answer is assembled): the

@@ -29,6 +29,7 @@ from gateway.tokens import PreciseChains
 from router.router import Router
 
 if TYPE_CHECKING:
+    from gateway.engine_load import EngineLoads
     from gateway.fleet import Fleet
     from gateway.inflight import Inflight
     from gateway.kv_events import KvEventConsumer
@@ -66,6 +67,7 @@ class AppState:
     ui: UiRuntime | None = None  # gateway.ui.live: the operator page's history
     access: Access | None = None  # gateway.roles: who may call what, built on first use
     inflight: Inflight | None = None  # gateway.inflight: attempts in flight, built on first use
+    engine_load: EngineLoads | None = None  # gateway.engine_load: engines' own load, veto
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
