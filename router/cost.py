@@ -18,13 +18,13 @@ queue wait and only what is left after it adds to the TTFT. `k` is the instance'
 against the prior, calibrated online without bounds, so an engine 100x slower or faster
 than the prior is tracked: least squares through the origin with exponential forgetting
 over the outcomes (x = predicted compute, y = observed TTFT minus the predicted visible
-load), blended in log space with a prior k_0 (the fleet's factor) worth `prior_weight`
-outcomes, a weight that decays by `prior_decay` with every outcome:
+load), blended in log space with a prior k_0 (the fastest other instance's fit, else 1)
+worth `prior_weight` outcomes, a weight that decays by `prior_decay` with every outcome:
 
     k = exp((w_p log k_0 + n log k_fit) / (w_p + n)),  k_fit = sum(l^i x y) / sum(l^i x^2)
 
 so the prior steers the first few predictions only (100x off: within 5% after a dozen, see
-test_cost). An unobserved instance borrows the fleet's geometric-mean factor.
+test_cost). An unobserved instance borrows the fastest fit (optimism: else never tried).
 
 The prior (`CostParams()`) is generic, not any one deployment's: llm-d-inference-sim's
 published profile for an 8B model on one H100 (prefill 30 ms + 250 us per uncached token,
@@ -201,7 +201,7 @@ class _InstanceModel:
         self.s_xy = 0.0  # sum(l^i x y)
         self.n = 0.0  # sum(l^i): outcomes remembered
         self.w_prior = prior_weight  # the prior's weight in outcomes, decaying
-        self.k_prior = 1.0  # the fleet's factor when this instance was first observed
+        self.k_prior = 1.0  # its own data-only fit, sum(l^i x y) / sum(l^i x^2)
         self.k = 1.0  # kept current by `observe`
         self.fits = 0  # (prediction, observed TTFT) pairs learnt from
         self.uncached_frac = 1.0
@@ -235,9 +235,9 @@ class TtftCostModel:
         self._models: dict[str, _InstanceModel] = {}
         # read (never written) for instances with no outcome yet, so predicting stores nothing
         self._unobserved = _InstanceModel(prior_weight)
-        # An instance not yet observed borrows the fleet's mean speed factor: the fleet's
-        # instances are alike far more often than not, and the profile's k = 1 may be far
-        # off (another GPU, a time-scaled simulator) once the others have converged.
+        # An instance not yet observed borrows the fleet's fastest factor (see `_refit`):
+        # the profile's k = 1 may be far off (another GPU, a CPU engine, a time-scaled
+        # simulator) once the others have converged.
         self._pooled_k = 1.0
 
     # -- inputs -------------------------------------------------------------------------
@@ -357,21 +357,29 @@ class TtftCostModel:
         # what the prediction would have been at k = 1: TTFT minus the load left visible
         y = max(0.0, ttft_s - prediction.load_s)
         lam = self.forgetting
-        if m.fits == 0:  # its prior: the factor it was borrowing until now
-            m.k_prior = self._pooled_k
-        else:
+        if m.fits:
             m.w_prior *= self.prior_decay
         m.s_xx = lam * m.s_xx + x * x
         m.s_xy = lam * m.s_xy + x * y
         m.n = lam * m.n + 1.0
         m.fits += 1
-        fit = m.s_xy / m.s_xx if m.s_xx > 0.0 else m.k_prior
-        fit = fit if fit > 1e-9 else 1e-9  # no bound, but positive
-        # the prior is blended in log space: 100x too slow or too fast are equally far off
-        w = m.w_prior
-        m.k = math.exp((w * math.log(m.k_prior) + m.n * math.log(fit)) / (w + m.n))
-        fitted = [o.k for o in self._models.values() if o.fits]
-        self._pooled_k = math.exp(sum(math.log(f) for f in fitted) / len(fitted))
+        fit = m.s_xy / m.s_xx if m.s_xx > 0.0 else 1.0
+        m.k_prior = fit if fit > 1e-9 else 1e-9  # (k_prior holds the data-only fit)
+        self._refit()
+
+    def _refit(self) -> None:
+        """Every observed instance's k: its own fit blended (in log space, so 100x too
+        slow or too fast are equally far off) with its prior, the fastest fit among the
+        others (1 = the profile when there is none). Optimistic on purpose: an instance
+        believed slower than it is would never be chosen, so never observed and corrected;
+        the fastest fit is what an unobserved one borrows for the same reason."""
+        fitted = [(name, o) for name, o in self._models.items() if o.fits]
+        fits = sorted((o.k_prior, name) for name, o in fitted)
+        for name, o in fitted:
+            others = next((f for f, n in fits if n != name), 1.0)
+            w = o.w_prior
+            o.k = math.exp((w * math.log(others) + o.n * math.log(o.k_prior)) / (w + o.n))
+        self._pooled_k = fits[0][0] if fits else 1.0
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         return {
