@@ -39,11 +39,20 @@ class SseRelay:
     error: dict[str, Any] | None = None
     events: int = 0
     _buffer: bytes = field(default=b"", repr=False)
+    _cr: bool = field(default=False, repr=False)  # the last piece ended in a held-back CR
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Complete events found so far (each ending with a blank line), to send on."""
+        """Complete events found so far (each ending with a blank line), to send on.
+
+        Line endings are LF, CRLF or CR (SSE allows all three) and are relayed as LF. A CR
+        that ends a piece is held back until the next one says whether an LF follows it, so
+        a CRLF split across reads is still one line ending."""
+        if self._cr:
+            data, self._cr = b"\r" + data, False
+        if data.endswith(b"\r"):
+            data, self._cr = data[:-1], True
         if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         self._buffer += data
         out: list[bytes] = []
         while True:
@@ -62,8 +71,9 @@ class SseRelay:
 
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a complete event (an upstream cut short)."""
-        rest, self._buffer = self._buffer, b""
-        return self._event(rest + b"\n\n") if rest.strip() else b""
+        out = b"".join(self.feed(b"\n")) if self._cr else b""  # a held CR ends its line
+        rest, self._buffer = self._buffer.rstrip(b"\n"), b""
+        return out + (self._event(rest + b"\n\n") if rest.strip() else b"")
 
     def _event(self, frame: bytes) -> bytes:
         data_lines = [

@@ -87,3 +87,31 @@ def test_comments_and_non_json_pass_unchanged() -> None:
     relay = SseRelay(strip_usage=True)
     data = b": keep-alive\n\nevent: ping\ndata: hello\n\n"
     assert b"".join(relay.feed(data)) == data
+
+
+def _events(relay: SseRelay, pieces: list[bytes]) -> bytes:
+    return b"".join(b"".join(relay.feed(p)) for p in pieces) + relay.flush()
+
+
+def test_every_split_point_of_lf_crlf_and_cr_streams_keeps_every_event() -> None:
+    """A line ending split across reads (`…}\\r\\n\\r` then `\\n data: …usage…`) must not
+    merge two events: at every split point of an LF, a CRLF and a CR-only stream (all three
+    are SSE line endings), and byte by byte, the relay sees the same five events, keeps the
+    usage and relays the LF form of the stream."""
+    for eol in (b"\n", b"\r\n", b"\r"):
+        stream = STREAM.replace(b"\n", eol)
+        cuts = [[stream[:i], stream[i:]] for i in range(len(stream) + 1)]
+        cuts.append([stream[i : i + 1] for i in range(len(stream))])
+        for pieces in cuts:
+            relay = SseRelay(strip_usage=False)
+            out = _events(relay, pieces)
+            where = (eol, [len(p) for p in pieces][:2])
+            assert out == STREAM, where
+            assert relay.events == 5 and relay.saw_done, where
+            assert cached_tokens(relay.usage) == 32, where
+
+
+def test_a_stream_cut_after_a_carriage_return_flushes_its_last_event() -> None:
+    relay = SseRelay(strip_usage=False)
+    out = _events(relay, [b'data: {"choices":[{"index":0,"text":"x"}]}\r'])
+    assert out == b'data: {"choices":[{"index":0,"text":"x"}]}\n\n' and relay.saw_content
