@@ -6,7 +6,8 @@ the router's `PrefixIndex` (`router.event_feed.apply_events`, mediums as in
 `contracts.tiers`; BlockRemoved removes; AllBlocksCleared clears the instance).
 
 A sequence gap, a publisher restart (the sequence going back) or a batch whose payload does
-not decode (a lost batch, as far as we can tell) clears that instance's entries: stale
+not decode (a lost batch, as far as we can tell) drops what that publisher told us
+(`router.event_feed.drop_publisher`, the rule the Redis stream reader follows too): stale
 residency is worse than none, and predict-on-route plus the next events rebuild it. A
 message whose frames are malformed is counted and skipped. Nothing a publisher sends can
 stop a consumer task. Each replica subscribes directly: ZMQ PUB already fans out.
@@ -31,6 +32,7 @@ from contracts.kv_events import (
     decode_batch,
     decode_frames,
 )
+from contracts.tiers import Tier
 from gateway.kv_replay import ReplayUnavailable, fetch_replay
 from gateway.state import AppState
 from router.event_feed import (
@@ -38,7 +40,10 @@ from router.event_feed import (
     SeqStatus,
     SeqTracker,
     apply_events,
+    drop_publisher,
+    elsewhere_of,
 )
+from router.index import ARRAY
 
 log = logging.getLogger("warmgate.kv_events")
 
@@ -108,6 +113,8 @@ class KvEventConsumer:
         self.metrics = metrics
         self._clock = clock
         self._trackers = {i: SeqTracker() for i in self.endpoints}
+        # instance -> blocks its publisher placed in the shared array (dropped on a resync)
+        self._elsewhere: dict[str, dict[int, None]] = {}
         self._stats = {i: SourceStats(i, e) for i, e in self.endpoints.items()}
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -123,7 +130,7 @@ class KvEventConsumer:
         """Forget what `instance` holds and rebuild it from its engine's replay, when it
         offers one; returns the batches replayed. Live batches that arrive meanwhile are
         held and applied after the replay (those it already covered are dropped)."""
-        self.index.clear_instance(instance)
+        self._drop(instance)
         endpoint = self.replay_endpoints.get(instance)
         stats = self._stats.get(instance)
         if endpoint is None or self._ctx is None or stats is None or instance in self._held:
@@ -138,7 +145,7 @@ class KvEventConsumer:
             batches = []
         finally:
             held = self._held.pop(instance, [])
-        self.index.clear_instance(instance)  # live batches since the clear are replayed too
+        self._drop(instance)  # live batches since the clear are replayed too
         tracker = self._trackers[instance]
         tracker.reset()
         for frames in batches:
@@ -247,7 +254,7 @@ class KvEventConsumer:
         stats.last_seq = message.seq
         stats.last_batch_at_s = self._clock()
         if verdict.must_resync:
-            self.index.clear_instance(instance)
+            self._drop(instance)
             if instance in self.replay_endpoints:  # the engine can tell us what we missed
                 self._spawn_resync(instance, verdict.status.value)
             if verdict.status is SeqStatus.GAP:
@@ -263,10 +270,11 @@ class KvEventConsumer:
             batch = decode_batch(message.payload)
         except MalformedEventError as exc:
             # The publisher's sequence moved on without us learning what changed.
-            self.index.clear_instance(instance)
+            self._drop(instance)
             self._count(stats, "malformed")
             log.warning("kv events from %s: batch %d undecodable: %s", instance, message.seq, exc)
             return
+        elsewhere_of(instance, batch.events, self._elsewhere.setdefault(instance, {}))
         counts = apply_events(self.index, instance, batch.events)
         stats.batches += 1
         stats.blocks_stored += counts.stored
@@ -280,6 +288,11 @@ class KvEventConsumer:
                 self.metrics.blocks.labels(instance, "stored").inc(counts.stored)
             if counts.removed:
                 self.metrics.blocks.labels(instance, "removed").inc(counts.removed)
+
+    def _drop(self, instance: str) -> None:
+        """What this publisher told us goes (`router.event_feed.drop_publisher`)."""
+        held = self._elsewhere.pop(instance, {})
+        drop_publisher(self.index, instance, {(ARRAY, Tier.ARRAY): held})
 
     def _count(self, stats: SourceStats, outcome: str) -> None:
         if outcome == "malformed":

@@ -3,7 +3,7 @@
 `SeqTracker` is a pure state machine over one publisher's sequence numbers: the first batch
 is accepted as is, +1 is in order, a jump forward is a gap (batches were lost), a number at
 or below the last one is a restart (a new publisher counts from 0 again). On a gap or a
-restart the consumer must drop what it believed about that publisher's instance.
+restart the consumer drops what that publisher told it: `drop_publisher`, the one rule.
 
 `apply_events` places each event by its medium (`contracts.tiers`: GPU -> the instance's
 HBM, CPU -> its host memory, STORAGE/ARRAY -> the shared-array pseudo-instance, SNAPSHOT -> its
@@ -14,7 +14,7 @@ reader both call these.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,6 +91,40 @@ def medium_target(
     if tier is None:
         return None
     return (array_id if tier is Tier.ARRAY else instance), tier
+
+
+def drop_publisher(
+    index: IndexSink, instance: str, elsewhere: Mapping[tuple[str, Tier], Iterable[int]]
+) -> None:
+    """The one resync rule, for both consumers (the gateway's ZMQ subscriber and the Redis
+    stream reader): on a gap, a restart or an undecodable batch of one publisher, the index
+    forgets everything it holds for that publisher's instance (event entries in every tier,
+    and predictions: the lost batches may have removed what was predicted) and the blocks
+    that publisher reported elsewhere (`elsewhere`: the shared array), nothing of anyone
+    else. What follows (its next events, predict-on-route, an engine's replay where it has
+    one) rebuilds it."""
+    index.clear_instance(instance)
+    for (where, tier), hashes in elsewhere.items():
+        if where != instance:
+            index.remove(where, list(hashes), tier)
+
+
+def elsewhere_of(
+    instance: str, events: Sequence[KvEvent], held: dict[int, None], array_id: str = ARRAY
+) -> None:
+    """Keep `held` (the blocks `instance`'s publisher placed in the shared array) up to
+    date with its events: what `drop_publisher` must remove on a resync."""
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            continue  # clears the instance's own tiers, not the array
+        target = medium_target(instance, event.medium, array_id)
+        if target is None or target[0] == instance:
+            continue
+        if isinstance(event, BlockStored):
+            held.update(dict.fromkeys(event.block_hashes))
+        else:
+            for h in event.block_hashes:
+                held.pop(h, None)
 
 
 @dataclass(slots=True)

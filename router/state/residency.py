@@ -6,8 +6,8 @@ publishing source (the stream entry's `instance`), its sequence tracker and the 
 reported, grouped by where they live `(instance or the array pseudo-instance, tier)`.
 
 The mirror serves two purposes:
-- on a gap or a restart of one source, exactly that source's blocks are dropped from the
-  index (its blocks in the shared array included) rather than trusting stale ones;
+- on a gap or a restart of one source, `router.event_feed.drop_publisher` (the rule both
+  consumers follow) rather than trusting stale blocks;
 - it encodes compactly as the pool's snapshot: msgpack
   `{"v": 1, "sources": [[source, last_seq, [[where, tier, <uint64 LE packed hashes>]...]]...]}`
   (8 bytes a block), so a new replica restores the index and the trackers from the snapshot
@@ -36,6 +36,7 @@ from router.event_feed import (
     SeqTracker,
     SeqVerdict,
     apply_events,
+    drop_publisher,
     medium_target,
 )
 from router.index import ARRAY
@@ -103,10 +104,7 @@ class Residency:
         return verdict
 
     def _drop(self, source: str, src: _Source, index: IndexSink) -> None:
-        index.clear_instance(source)
-        for (where, tier), hashes in src.blocks.items():
-            if where != source and hashes:
-                index.remove(where, list(hashes), tier)
+        drop_publisher(index, source, src.blocks)
         src.blocks.clear()
 
     def drop_all(self, index: IndexSink) -> None:

@@ -165,7 +165,9 @@ def test_complete_feeds_policy_and_accounting() -> None:
 
 
 def test_every_registered_policy_routes() -> None:
-    for name in ["round_robin", "least_load", "session", "prefix"]:
+    names = default_registry().names()  # whatever is registered, ttft included
+    assert {"round_robin", "least_load", "session", "prefix", "ttft"} <= set(names)
+    for name in names:
         router = make(name)
         r = chat_request("hello " * 100, session="s")
         d = router.route(r, ["a", "b", "c"])
