@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import msgpack
 
+from contracts.errors import InputError
 from contracts.slices import HASH_MASK
 
 _INT_ONLY = frozenset({int})
@@ -33,7 +34,7 @@ _INT_ONLY = frozenset({int})
 EventEncoding = Literal["array", "map"]
 
 
-class MalformedEventError(ValueError):
+class MalformedEventError(InputError, ValueError):
     """A frame, batch or event that does not follow the wire format."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from contracts.errors import AdminError
 from gateway.admin_tables import (
     explain_tables,
     fleet_table,
@@ -33,7 +34,7 @@ from gateway.admin_tables import (
 )
 
 
-class AdminError(Exception):
+class AdminCliError(AdminError):
     """The gateway refused, or could not be reached."""
 
 
@@ -48,7 +49,9 @@ class AdminClient:
         try:
             r = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
-            raise AdminError(f"{self._http.base_url}{path}: {type(exc).__name__}: {exc}") from None
+            raise AdminCliError(
+                f"{self._http.base_url}{path}: {type(exc).__name__}: {exc}"
+            ) from None
         try:
             data = r.json()
         except ValueError:
@@ -56,7 +59,7 @@ class AdminClient:
         if r.status_code >= 400:
             err = data.get("error", {}) if isinstance(data, dict) else {}
             message = err.get("message") if isinstance(err, dict) else None
-            raise AdminError(f"{r.status_code}: {message or r.text[:500]}", data)
+            raise AdminCliError(f"{r.status_code}: {message or r.text[:500]}", data)
         return data
 
     def close(self) -> None:
@@ -107,7 +110,7 @@ def _read_body(path: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise AdminError(f"{path}: not JSON: {exc}") from None
+        raise AdminCliError(f"{path}: not JSON: {exc}") from None
 
 
 def _wait_gone(client: AdminClient, instance: str, timeout_s: float) -> dict[str, Any]:
@@ -118,7 +121,7 @@ def _wait_gone(client: AdminClient, instance: str, timeout_s: float) -> dict[str
             return {"id": instance, "status": "removed", "drained": True}
         if time.monotonic() > deadline:
             left = fleet.get("draining", {}).get(instance, {}).get("in_flight")
-            raise AdminError(f"{instance} still draining after {timeout_s}s ({left} in flight)")
+            raise AdminCliError(f"{instance} still draining after {timeout_s}s ({left} in flight)")
         time.sleep(0.5)
 
 
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace, client: AdminClient) -> tuple[Any, Callable[[A
         return client.call("DELETE", f"/admin/instances/{args.id}"), kv_table
     if c == "fleet":
         return client.call("GET", "/admin/fleet"), fleet_table
-    raise AdminError(f"unknown command {c}")
+    raise AdminCliError(f"unknown command {c}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = AdminClient(args.gateway, args.admin_key, args.timeout)
     try:
         answer, human = run(args, client)
-    except AdminError as exc:
+    except AdminCliError as exc:
         detail = exc.args[1] if len(exc.args) > 1 else None
         if args.json and detail is not None:
             print(json.dumps(detail, indent=2))

@@ -18,10 +18,12 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from contracts.errors import ClientGoneError
+
 T = TypeVar("T")
 
 
-class ClientDisconnected(Exception):
+class ClientDisconnected(ClientGoneError):
     """The client went away while we waited on the upstream."""
 
 
@@ -32,7 +34,7 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-class Abandoned(Exception):
+class Abandoned(ClientGoneError):
     """The work was given up on before it finished (the `abandon` future's reason)."""
 
 

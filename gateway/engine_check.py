@@ -23,13 +23,14 @@ from typing import Any
 
 import httpx
 
+from contracts.errors import ConfigurationError
 from gateway.engines.vllm_metrics import EngineCacheConfig, cache_config
 from gateway.settings import PreciseSettings, Settings
 
 log = logging.getLogger("warmgate.engine_check")
 
 
-class EngineConfigMismatch(RuntimeError):
+class EngineConfigMismatch(ConfigurationError, RuntimeError):
     """The engines hash or cut blocks otherwise than routing.precise says."""
 
 

@@ -13,10 +13,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from contracts.errors import ApiError
+
 log = logging.getLogger("warmgate.errors")
 
 
-class OpenAIError(Exception):
+class OpenAIError(ApiError):
     """An error answered to the client as an OpenAI-shaped JSON body."""
 
     def __init__(

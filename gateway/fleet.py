@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contracts.errors import AdminError
 from gateway.fleet_store import FleetRecord, FleetStore, MemoryFleetStore, RedisFleetStore, Status
 from gateway.settings import InstanceSettings
 from gateway.state import AppState
@@ -34,7 +35,7 @@ from router.state.sync import StateSync
 log = logging.getLogger("warmgate.fleet")
 
 
-class FleetError(Exception):
+class FleetError(AdminError):
     """A fleet change that cannot be made (unknown instance, already present)."""
 
 

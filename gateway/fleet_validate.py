@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from contracts.errors import AdminError
 from gateway.kv_capacity import cache_config_labels
 from gateway.settings import InstanceSettings, RoutingSettings
 
@@ -29,7 +30,7 @@ class Check:
     detail: str
 
 
-class ValidationFailedError(Exception):
+class ValidationFailedError(AdminError):
     def __init__(self, checks: list[Check]) -> None:
         self.checks = checks
         failed = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)

@@ -32,12 +32,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from contracts.errors import UpstreamError as WarmgateUpstreamError
+
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 
 
-class UpstreamError(Exception):
-    """The upstream request failed."""
+class UpstreamError(WarmgateUpstreamError):
+    """The upstream request failed (the HTTP/1.1 pool's own failures)."""
 
 
 class UpstreamTimeout(UpstreamError):

@@ -15,10 +15,12 @@ import time
 import zmq
 import zmq.asyncio
 
+from contracts.errors import UpstreamError
+
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-class ReplayUnavailable(Exception):
+class ReplayUnavailable(UpstreamError):
     """The engine did not answer a replay request in time."""
 
 

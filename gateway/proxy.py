@@ -36,7 +36,19 @@ from gateway.resume import resumer as _resumer
 from gateway.roles import access_of
 from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
-from gateway.upstream import AttemptFailed, Resume, assemble, stream, whole
+from gateway.upstream import (
+    AttemptConnectFailed,
+    AttemptFailed,
+    AttemptHung,
+    AttemptLocalFailure,
+    AttemptTimedOut,
+    EngineBusy,
+    EngineServerError,
+    Resume,
+    assemble,
+    stream,
+    whole,
+)
 from router.types import NoCandidateError
 
 log = logging.getLogger("warmgate.proxy")
@@ -168,7 +180,7 @@ POISON_AFTER = 2
 
 
 def _request_fault(failed: AttemptFailed) -> bool:
-    if failed.kind != "status_5xx" or failed.response is None:
+    if not isinstance(failed, EngineServerError) or failed.response is None:
         return False
     return failed.response[0] not in (502, 503, 504)
 
@@ -212,16 +224,16 @@ async def _attempt_on(
     try:
         resp = await race_disconnect(request, post, attempt.abandoned)
     except Abandoned as exc:
-        raise AttemptFailed("hung", str(exc)) from None
+        raise AttemptHung(str(exc)) from None
     except UpstreamTimeout as exc:
         if head_s is not None:  # accepted and never answered: a hung engine looks so
             state.health.record_failure(instance, f"no response head within {head_s:g} s")
-        raise AttemptFailed("timeout", f"{instance}: {type(exc).__name__}: {exc}") from None
+        raise AttemptTimedOut(f"{instance}: {type(exc).__name__}: {exc}") from None
     except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
-        raise AttemptFailed("local", f"{instance}: {exc}") from None
+        raise AttemptLocalFailure(f"{instance}: {exc}") from None
     except UpstreamError as exc:
         state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
-        raise AttemptFailed("connect", f"{instance}: {type(exc).__name__}: {exc}") from None
+        raise AttemptConnectFailed(f"{instance}: {type(exc).__name__}: {exc}") from None
     if resp.status_code >= 400:
         try:
             content = await race_disconnect(request, resp.aread())
@@ -230,8 +242,8 @@ async def _attempt_on(
         finally:
             await resp.aclose()
         if resp.status_code >= 500 or resp.status_code == 429:  # busy or broken: next one
-            raise AttemptFailed(
-                "status_429" if resp.status_code == 429 else "status_5xx",
+            busy = resp.status_code == 429
+            raise (EngineBusy if busy else EngineServerError)(
                 f"{instance} answered {resp.status_code}",
                 (resp.status_code, content, dict(resp.headers)),
             )

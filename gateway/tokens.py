@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from contracts.errors import RoutingError
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.parse import ParsedRequest
@@ -38,7 +39,7 @@ from router.types import RouteRequest
 log = logging.getLogger("warmgate.tokens")
 
 
-class TokenizeUnavailable(Exception):
+class TokenizeUnavailable(RoutingError):
     """No tokens for this request: route it in approximate mode."""
 
 

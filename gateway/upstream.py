@@ -20,6 +20,7 @@ import anyio
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from contracts.errors import UpstreamError as WarmgateUpstreamError
 from gateway.accounting import RequestAccounting
 from gateway.aggregate import StreamAggregator
 from gateway.continuation import SoFar, Stitcher, so_far
@@ -45,15 +46,53 @@ _DROP_RESPONSE = {
 }
 
 
-class AttemptFailed(Exception):
-    """An attempt failed before the client got a byte: try the next instance."""
+class AttemptFailed(WarmgateUpstreamError):
+    """An attempt failed before the client got a byte: try the next instance. One subclass
+    per way of failing; `kind` is its metric label (`warmgate_upstream_errors_total`)."""
+
+    kind = "failed"
 
     def __init__(
-        self, kind: str, message: str, response: tuple[int, bytes, dict[str, str]] | None = None
+        self, message: str, response: tuple[int, bytes, dict[str, str]] | None = None
     ) -> None:
         super().__init__(message)
-        self.kind = kind
         self.response = response
+
+
+class AttemptHung(AttemptFailed):
+    kind = "hung"  # the engine stopped answering (abandoned past its deadline)
+
+
+class AttemptTimedOut(AttemptFailed):
+    kind = "timeout"
+
+
+class AttemptLocalFailure(AttemptFailed):
+    kind = "local"  # the gateway ran out of descriptors or buffers: not the engine's fault
+
+
+class AttemptConnectFailed(AttemptFailed):
+    kind = "connect"
+
+
+class AttemptRead(AttemptFailed):
+    kind = "read"  # the answer broke off while being read
+
+
+class EngineErrorEvent(AttemptFailed):
+    kind = "engine_error"  # the engine's stream carried an error event before any byte
+
+
+class StreamTruncated(AttemptFailed):
+    kind = "truncated"  # the stream ended before [DONE]
+
+
+class EngineBusy(AttemptFailed):
+    kind = "status_429"
+
+
+class EngineServerError(AttemptFailed):
+    kind = "status_5xx"
 
 
 async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
@@ -89,14 +128,14 @@ async def assemble(
     try:
         await race_disconnect(request, consume())
     except UpstreamError as exc:
-        raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
     if relay.error is not None:
-        raise AttemptFailed("engine_error", f"{instance}: {relay.error.get('message')}")
+        raise EngineErrorEvent(f"{instance}: {relay.error.get('message')}")
     if not relay.saw_done:
-        raise AttemptFailed("truncated", f"{instance}: the stream ended before [DONE]")
+        raise StreamTruncated(f"{instance}: the stream ended before [DONE]")
     ex.complete(instance, "ok", ok=True, usage=aggregator.usage)
     ex.state.health.record_served(instance)
     headers = {k: v for k, v in response_headers(resp, ex, instance).items() if k != "content-type"}
@@ -109,7 +148,7 @@ async def whole(
     try:
         content = await race_disconnect(request, resp.aread())
     except UpstreamError as exc:
-        raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
@@ -155,14 +194,14 @@ async def stream(
         first = await race_disconnect(request, _first_chunk(it), attempt.abandoned)
     except (UpstreamError, Abandoned) as exc:
         await resp.aclose()
-        raise AttemptFailed("read", f"{instance}: {type(exc).__name__}: {exc}") from None
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     except BaseException:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
         raise
     if not first:
         await resp.aclose()
-        raise AttemptFailed("read", f"{instance}: the stream ended before its first byte")
+        raise AttemptRead(f"{instance}: the stream ended before its first byte")
     attempt.streaming = True  # from here the relay owns it (and ends it)
     run = _Relay(ex, instance, resp, it, attempt, resume)
     body = run.frames(first)

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+from contracts.errors import RoutingError
+
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
@@ -88,7 +90,7 @@ class Decision:
     candidates: Sequence[CandidateScore] = ()  # a tuple, or `LazyCandidates`
 
 
-class NoCandidateError(Exception):
+class NoCandidateError(RoutingError):
     """Raised by the router when no instance can take the request."""
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from contracts.errors import InputError
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
@@ -55,7 +57,7 @@ class LengthRequest:
     output_length: int
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(InputError, ValueError):
     """A line that is not a valid trace record; carries the line number."""
 
 

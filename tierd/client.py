@@ -27,8 +27,10 @@ from typing import Any
 
 import httpx
 
+from contracts.errors import UpstreamError
 
-class TierdError(RuntimeError):
+
+class TierdError(UpstreamError, RuntimeError):
     """tierd answered with an error status."""
 
     def __init__(self, status: int, body: str) -> None:

@@ -26,11 +26,13 @@ import socket
 import struct
 from typing import Any
 
+from contracts.errors import UpstreamError
+
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 * 1024 * 1024
 
 
-class KvSocketError(OSError):
+class KvSocketError(UpstreamError, OSError):
     """tierd is unreachable, refused us, or broke the protocol."""
 
 

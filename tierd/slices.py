@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from contracts.errors import InputError
 from tierd.native import crc32c
 
 MAGIC = b"WGSL"
@@ -27,7 +28,7 @@ U64 = (1 << 64) - 1
 Payload = bytes | memoryview  # a slice's bytes; a view avoids copying out of a read buffer
 
 
-class CorruptSliceError(ValueError):
+class CorruptSliceError(InputError, ValueError):
     """A slice's header or payload fails its checksum, or the record is torn."""
 
 

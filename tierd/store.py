@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from contracts.errors import InputError
 from tierd import events as ev
 from tierd.counters import StoreCounters, ThroughputMeter
 from tierd.emulation import Emulator
@@ -44,7 +45,7 @@ DEMOTE_BATCH = 16
 EVENT_GROUP = 512
 
 
-class SliceTooLargeError(ValueError):
+class SliceTooLargeError(InputError, ValueError):
     """A put larger than one L1 slot."""
 
 

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from contracts.errors import ConfigurationError
 from gateway.engines import tiny_model_build as recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ TINY_MODEL = "warmgate-tiny-qwen2"
 INSTALL_HINT = "bash scripts/install-engine.sh"
 
 
-class EngineEnvMissing(RuntimeError):
+class EngineEnvMissing(ConfigurationError, RuntimeError):
     """The engine's virtual environment is not installed."""
 
 

@@ -21,10 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from contracts.errors import StateError
+
 STREAM_START = "0-0"  # read the stream from its beginning
 
 
-class StateUnavailableError(Exception):
+class StateUnavailableError(StateError):
     """The shared store cannot be reached (or answered too late)."""
 
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.errors import ApiError
 
-class APIError(Exception):
+
+class APIError(ApiError):
     def __init__(
         self,
         status: int,
