@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
+
+from gateway.settings_base import StrictModel
 
 _HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -20,7 +22,7 @@ def _check_keys(keys: list[str]) -> list[str]:
     return keys
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(StrictModel):
     """Two key sets. A key is given as is, or hashed as `sha256:<hex of sha256(key)>`
     (`printf %s KEY | sha256sum`, prefixed with `sha256:`).
 
@@ -43,7 +45,7 @@ class AuthSettings(BaseModel):
         return _check_keys(keys)
 
 
-class BucketSettings(BaseModel):
+class BucketSettings(StrictModel):
     """One token-bucket family: requests per second (burst = `burst`, default one second's
     worth) and prompt tokens per minute (burst = one minute's worth). None: no limit."""
 
@@ -56,7 +58,7 @@ class BucketSettings(BaseModel):
         return self.requests_per_s is not None or self.prompt_tokens_per_min is not None
 
 
-class LimitSettings(BaseModel):
+class LimitSettings(StrictModel):
     """Rate limits per API key (one game server / studio) and per player (session key).
     Kept in Redis when `state.backend` is redis (every replica enforces one budget),
     in memory otherwise."""
@@ -65,7 +67,7 @@ class LimitSettings(BaseModel):
     per_player: BucketSettings = Field(default_factory=BucketSettings)
 
 
-class RequestLimits(BaseModel):
+class RequestLimits(StrictModel):
     """What one request may cost; each refused with a 400 naming the field."""
 
     max_prompt_tokens: int = Field(default=262_144, ge=1)  # estimated: characters / 4
@@ -75,7 +77,7 @@ class RequestLimits(BaseModel):
     max_session_key_chars: int = Field(default=256, ge=1)
 
 
-class ServerLimits(BaseModel):
+class ServerLimits(StrictModel):
     """What one client connection may hold (gateway/listener.py)."""
 
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers

@@ -10,19 +10,22 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    YamlConfigSettingsSource,
 )
 
 from gateway.guard_settings import AuthSettings, LimitSettings, RequestLimits, ServerLimits
+from gateway.policy_settings import validate_params
+from gateway.settings_base import StrictModel
+from router.policies.registry import default_registry
 
 
-class InstanceSettings(BaseModel):
+class InstanceSettings(StrictModel):
     """One inference instance behind the gateway."""
 
     id: str = Field(min_length=1)
@@ -46,7 +49,7 @@ VLLM_UNSEEDED_SHA256_CBOR = "vllm-none-hash"
 DEFAULT_BLOCK_SIZE = 16  # when neither the config nor any engine says (vLLM's GPU default)
 
 
-class PreciseSettings(BaseModel):
+class PreciseSettings(StrictModel):
     """Precise mode: blocks cut from real tokens and hashed as the engines hash them.
 
     The block size and hash algorithm are checked against what each engine reports
@@ -78,13 +81,14 @@ class PreciseSettings(BaseModel):
         return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE
 
 
-class RoutingSettings(BaseModel):
+class RoutingSettings(StrictModel):
     """Which policy routes, with what parameters, over which block size."""
 
     mode: Literal["approximate", "precise"] = "approximate"
     precise: PreciseSettings = Field(default_factory=lambda: PreciseSettings())
     policy: str = "ttft"  # the TTFT-predicting policy; "prefix" is the SGLang-style baseline
-    params: dict[str, Any] = Field(default_factory=dict)  # passed to the policy's factory
+    # the policy's parameters, typed by its constructor (gateway/policy_settings.py)
+    params: dict[str, Any] = Field(default_factory=dict)
     block_tokens: int = Field(default=64, ge=1)  # tokens per block (approximate mode)
     chars_per_token: int = Field(default=4, ge=1)  # block_chars = block_tokens x this
     index_ttl_s: float = Field(default=600.0, gt=0)  # predict-on-route entries live this long
@@ -93,6 +97,15 @@ class RoutingSettings(BaseModel):
     @property
     def block_chars(self) -> int:
         return self.block_tokens * self.chars_per_token
+
+    @model_validator(mode="after")
+    def _typed_params(self) -> RoutingSettings:
+        self.params = validate_params(self.policy, self.params)
+        try:  # a policy checks its values as it is built (cheap, no I/O): fail here, not later
+            default_registry().create(self.policy, **self.params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"routing.params for {self.policy}: {exc}") from exc
+        return self
 
     @model_validator(mode="after")
     def _precise_needs_seed(self) -> RoutingSettings:
@@ -107,7 +120,7 @@ class RoutingSettings(BaseModel):
         return self
 
 
-class TimeoutSettings(BaseModel):
+class TimeoutSettings(StrictModel):
     """Upstream HTTP timeouts (seconds)."""
 
     connect_s: float = Field(default=2.0, gt=0)
@@ -123,7 +136,7 @@ class TimeoutSettings(BaseModel):
     stall_s: float = Field(default=30.0, gt=0)
 
 
-class HealthSettings(BaseModel):
+class HealthSettings(StrictModel):
     """Background checks of each instance's `/health`."""
 
     interval_s: float = Field(default=2.0, gt=0)
@@ -132,7 +145,7 @@ class HealthSettings(BaseModel):
     success_threshold: int = Field(default=1, ge=1)  # consecutive successes -> healthy again
 
 
-class StateSettings(BaseModel):
+class StateSettings(StrictModel):
     """Shared state between gateway replicas (gateway/shared_state.py, session_bindings.py)."""
 
     backend: Literal["memory", "redis"] = "memory"
@@ -149,14 +162,14 @@ class StateSettings(BaseModel):
         return self
 
 
-class KvEventsSettings(BaseModel):
+class KvEventsSettings(StrictModel):
     """Consumption of engines' KV events (gateway/kv_events.py)."""
 
     enabled: bool = False
     topic: str = ""  # vLLM's default (KVEventsConfig.topic)
 
 
-class EngineMetricsSettings(BaseModel):
+class EngineMetricsSettings(StrictModel):
     """Scraping each engine's own metrics (gateway/engine_load.py): load and an overload
     veto, and the engine's prompt-token accounting."""
 
@@ -166,7 +179,7 @@ class EngineMetricsSettings(BaseModel):
     veto_kv_usage: float | None = Field(default=0.99, gt=0, le=1)  # None: never on KV use
 
 
-class TierSettings(BaseModel):
+class TierSettings(StrictModel):
     """The gateway's side of tierd: prefetch hints and tier-bandwidth polling."""
 
     prefetch: bool = True  # send a prefetch hint to the chosen instance's tierd
@@ -174,7 +187,7 @@ class TierSettings(BaseModel):
     stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
 
 
-class FleetSettings(BaseModel):
+class FleetSettings(StrictModel):
     """Runtime fleet changes (gateway/fleet.py): how often replicas look for them, and how
     long a drain waits before trusting that every replica has seen it."""
 
@@ -182,7 +195,7 @@ class FleetSettings(BaseModel):
     drain_grace_s: float = Field(default=2.0, ge=0)
 
 
-class UiSettings(BaseModel):
+class UiSettings(StrictModel):
     """The operator page (gateway/ui/): how often it samples history and scrapes engines."""
 
     sample_interval_s: float = Field(default=5.0, gt=0)  # one history point per interval
@@ -196,7 +209,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="WARMGATE_",
         env_nested_delimiter="__",
-        extra="ignore",
+        extra="forbid",  # a misspelt key (YAML or keyword) is an error naming it
     )
 
     config_file: Path | None = None  # YAML file (also WARMGATE_CONFIG)
@@ -250,30 +263,12 @@ class Settings(BaseSettings):
             given = init_settings.init_kwargs.get("config_file")
             path = str(given) if given else None
         path = path or os.environ.get("WARMGATE_CONFIG") or None
-        return (init_settings, env_settings, YamlFileSource(settings_cls, path))
-
-
-class YamlFileSource(PydanticBaseSettingsSource):
-    """The YAML file's top-level mapping, lowest priority above the defaults."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: str | None) -> None:
-        super().__init__(settings_cls)
-        self._data: dict[str, Any] = load_yaml(Path(path)) if path else {}
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
-
-
-def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML config file (called before the event loop starts)."""
-    text = path.read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    return data
+        if path is None:
+            return (init_settings, env_settings)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} not found")
+        yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
+        return (init_settings, env_settings, yaml_source)
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

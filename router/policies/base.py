@@ -7,7 +7,7 @@ own small state (a round-robin cursor, a calibrated cost model) but does no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
@@ -90,26 +90,27 @@ class Policy:
         return None
 
 
-PolicyFactory = Callable[..., Policy]
-
-
 class PolicyRegistry:
-    """Name -> factory. Built by `default_registry()`; no module-level state."""
+    """Name -> policy class (its keyword arguments are its parameters: the gateway builds
+    a typed settings model from them). Built by `default_registry()`; no module-level
+    state."""
 
     def __init__(self) -> None:
-        self._factories: dict[str, PolicyFactory] = {}
+        self._classes: dict[str, type[Policy]] = {}
 
-    def register(self, name: str, factory: PolicyFactory) -> None:
-        if name in self._factories:
-            raise ValueError(f"policy {name!r} is already registered")
-        self._factories[name] = factory
+    def register(self, cls: type[Policy]) -> None:
+        if cls.name in self._classes:
+            raise ValueError(f"policy {cls.name!r} is already registered")
+        self._classes[cls.name] = cls
 
     def names(self) -> list[str]:
-        return sorted(self._factories)
+        return sorted(self._classes)
 
-    def create(self, name: str, **params: Any) -> Policy:
+    def policy_class(self, name: str) -> type[Policy]:
         try:
-            factory = self._factories[name]
+            return self._classes[name]
         except KeyError:
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(self.names())}") from None
-        return factory(**params)
+
+    def create(self, name: str, **params: Any) -> Policy:
+        return self.policy_class(name)(**params)

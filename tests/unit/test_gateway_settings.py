@@ -15,7 +15,7 @@ port: 9000
 instances:
   - {id: a, url: "http://127.0.0.1:9001/", tierd_url: "http://127.0.0.1:9101", kv_events_endpoint: "tcp://127.0.0.1:5557"}
   - {id: b, url: "http://127.0.0.1:9002", models: [m1, m2]}
-routing: {policy: session, block_tokens: 32, params: {max_load_factor: 1.5}}
+routing: {policy: session, block_tokens: 32, params: {eps: 0.5}}
 health: {interval_s: 0.5}
 """
 
@@ -41,7 +41,7 @@ def test_yaml_file(config: Path) -> None:
     assert s.instances[0].url == "http://127.0.0.1:9001"  # trailing slash dropped
     assert s.instances[0].kv_events_endpoint == "tcp://127.0.0.1:5557"
     assert s.instances[1].models == ["m1", "m2"]
-    assert s.routing.policy == "session" and s.routing.params == {"max_load_factor": 1.5}
+    assert s.routing.policy == "session" and s.routing.params == {"eps": 0.5}
     assert s.routing.block_chars == 32 * 4
     assert s.health.interval_s == 0.5 and s.health.failure_threshold == 2
 
@@ -107,4 +107,52 @@ def test_ttft_cost_params_can_be_set_in_yaml(tmp_path: Path) -> None:
     assert model.params.prefill_per_token_s == 0.003 and model.prior_weight == 1.0
     path.write_text("routing:\n  policy: ttft\n  params:\n    params: {per_token: 1}\n")
     with pytest.raises(ValueError, match="unknown ttft cost params"):
-        build_router(load_settings(path).routing)
+        load_settings(path)  # refused with the settings, before anything starts
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "where"),
+    [
+        ("helth: {interval_s: 1}\n", "helth"),
+        ("health: {intervl_s: 1}\n", "health.intervl_s"),
+        ("routing: {policy: ttft, params: {tie_rell: 0.1}}\n", "tie_rell"),
+        ("instances: [{id: a, url: 'http://x', tierd_ulr: 'http://y'}]\n", "tierd_ulr"),
+    ],
+)
+def test_a_misspelt_key_is_an_error_naming_it(tmp_path: Path, yaml_text: str, where: str) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted") as info:
+        load_settings(path)
+    assert where in str(info.value)
+
+
+def test_a_misspelt_env_key_is_an_error_and_other_warmgate_variables_are_not(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WARMGATE_NATIVE", "python")  # read by the native modules, not here
+    monkeypatch.setenv("WARMGATE_UP_START_TIMEOUT", "5")  # `warmgate up`'s own flags
+    assert load_settings().port == 8000
+    monkeypatch.setenv("WARMGATE_HEALTH__HELTH", "1")
+    with pytest.raises(ValidationError, match=r"health\.helth"):
+        load_settings()
+
+
+def test_policy_params_are_typed_from_the_policy_and_settable_from_env(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy's constructor types them: strings from env become numbers, a wrong type
+    or an unknown policy is refused with the settings."""
+    monkeypatch.setenv("WARMGATE_ROUTING__POLICY", "ttft")
+    monkeypatch.setenv("WARMGATE_ROUTING__PARAMS__TIE_REL", "0.2")
+    monkeypatch.setenv("WARMGATE_ROUTING__PARAMS__REMEMBERED", "100")
+    s = load_settings()
+    assert s.routing.params == {"tie_rel": 0.2, "remembered": 100}
+    for name in ("POLICY", "PARAMS__TIE_REL", "PARAMS__REMEMBERED"):
+        monkeypatch.delenv(f"WARMGATE_ROUTING__{name}")
+    with pytest.raises(ValidationError, match="load_cap"):
+        load_settings(routing={"policy": "ttft", "params": {"load_cap": "lots"}})
+    with pytest.raises(ValidationError, match="unknown policy 'nope'"):
+        load_settings(routing={"policy": "nope"})
+    with pytest.raises(ValidationError, match="vnodes must be positive"):
+        load_settings(routing={"policy": "session", "params": {"vnodes": 0}})
