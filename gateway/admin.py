@@ -34,7 +34,7 @@ def build_admin_router() -> APIRouter:
     @router.get("/instances")
     async def instances(request: Request) -> JSONResponse:
         state = app_state(request)
-        block_tokens = state.settings.routing.block_tokens
+        block_tokens = state.settings.routing.index_block_tokens
         fleet = state.fleet
         loads = state.engine_load  # gateway.engine_load: what the engines say
         out: list[dict[str, Any]] = []

@@ -48,7 +48,8 @@ async def check_hash_seed(
     sock.connect(spec.kv_events_endpoint)
     try:
         await asyncio.sleep(SLOW_JOINER_S)
-        probe = f"warmgate seed probe {uuid.uuid4().hex}. " * (2 * size)
+        # a fresh first block, then ~2 blocks of filler (a CPU engine computes ~300 tokens/s)
+        probe = f"warmgate seed probe {uuid.uuid4().hex}." + " the quick brown fox" * size
         body = {"model": model, "prompt": probe, "max_tokens": 1}
         try:
             r = await client.post(f"{spec.url}/v1/completions", json=body, timeout=timeout_s)

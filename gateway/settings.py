@@ -98,6 +98,12 @@ class RoutingSettings(StrictModel):
     def block_chars(self) -> int:
         return self.block_tokens * self.chars_per_token
 
+    @property
+    def index_block_tokens(self) -> int:
+        """Tokens per block of the prefix index: the engines' block size in precise mode
+        (requests that cannot be tokenized fall back to approximate blocks)."""
+        return self.precise.effective_block_size if self.mode == "precise" else self.block_tokens
+
     @model_validator(mode="after")
     def _typed_params(self) -> RoutingSettings:
         self.params = validate_params(self.policy, self.params)

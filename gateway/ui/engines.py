@@ -1,46 +1,39 @@
 """What each engine says about its own load, for the operator page: KV cache use, requests
-running and waiting, from its Prometheus `/metrics` (vLLM's names; the simulated engine
-publishes the same), scraped every `interval_s` per instance of the fleet as it is now. A
-failed scrape keeps the last figures and says why."""
+running and waiting, prompt and cached tokens by source, from its Prometheus `/metrics`
+(vLLM's names; the simulated engine publishes the gauges), scraped every `interval_s` per
+instance of the fleet as it is now. A failed scrape keeps the last figures and says why."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import time
 from typing import Any
 
+from gateway.engines.vllm_metrics import EngineLoad
 from gateway.state import AppState
 
 log = logging.getLogger("warmgate.ui")
 
-GAUGES = {
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-}
-_SAMPLE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)$", re.MULTILINE)
 
-
-def parse_engine_gauges(text: str) -> dict[str, float]:
-    """kv_usage (0..1, the largest over data-parallel ranks), running and waiting (summed)."""
-    out: dict[str, float] = {}
-    for name, raw in _SAMPLE.findall(text):
-        key = GAUGES.get(name)
-        if key is None:
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
-        if key == "kv_usage":
-            out[key] = max(out.get(key, 0.0), value)
-        else:
-            out[key] = out.get(key, 0.0) + value
+def engine_figures(text: str) -> dict[str, Any]:
+    """What the page shows of one scrape (parsed by `gateway.engines.vllm_metrics`): KV use
+    (0..1), running, waiting, and vLLM's prompt tokens by source and cached tokens by
+    source (cumulative; absent on engines that do not publish them)."""
+    load = EngineLoad.parse(text)
+    out: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("kv_usage", load.kv_usage),
+            ("running", load.running),
+            ("waiting", load.waiting),
+        )
+        if v is not None
+    }
+    if load.cached_tokens_by_source:
+        out["cached_by_source"] = dict(load.cached_tokens_by_source)
+    if load.prompt_tokens_by_source:
+        out["prompt_by_source"] = dict(load.prompt_tokens_by_source)
     return out
 
 
@@ -56,7 +49,7 @@ async def scrape_once(state: AppState, into: dict[str, dict[str, Any]]) -> None:
         except Exception as exc:  # down or without /metrics: the page says so
             entry["error"] = f"{type(exc).__name__}: {exc}".rstrip(": ")
             return
-        entry.update(parse_engine_gauges(r.text))
+        entry.update(engine_figures(r.text))
         entry["error"] = None
         entry["scraped_at"] = time.time()
 

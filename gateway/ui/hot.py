@@ -3,9 +3,10 @@ fed by `Router.dispatch_observers` on every dispatch, read by the operator page.
 
 Counts decay exponentially (`half_life_s`), so "hot" means hot lately, and each table is
 bounded (`max_keys`; the coldest half is dropped when it fills). A prefix is named by the
-hash of a request's first `prefix_blocks` blocks (the chain hash of the last of them), so
+hash of a request's first blocks (the chain hash of the last of them), so
 the requests it counts share at least that many leading blocks: an NPC's persona and
-world state, typically."""
+world state, typically. `prefix_tokens` (256) is rounded up to whole blocks of the request's
+own block size (64 approximate, the engines' in precise mode)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,12 @@ class HotTracker:
         self,
         *,
         half_life_s: float = 120.0,
-        prefix_blocks: int = 4,
+        prefix_tokens: int = 256,
         max_keys: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._rate = math.log(2) / half_life_s
-        self.prefix_blocks = prefix_blocks
+        self.prefix_tokens = prefix_tokens
         self.max_keys = max_keys
         self._clock = clock
         self.sessions: dict[str, _Heat] = {}
@@ -81,10 +82,11 @@ class HotTracker:
         if rr.session_key:
             heat = self._bump(self.sessions, rr.session_key, now)
             heat.instance, heat.tokens = instance, rr.prompt_tokens
-        if len(rr.block_hashes) >= self.prefix_blocks:
-            key = rr.block_hashes[self.prefix_blocks - 1]
+        blocks = max(1, -(-self.prefix_tokens // max(1, rr.block_tokens)))
+        if len(rr.block_hashes) >= blocks:
+            key = rr.block_hashes[blocks - 1]
             heat = self._bump(self.prefixes, key, now)
-            heat.instance, heat.tokens = instance, self.prefix_blocks * rr.block_tokens
+            heat.instance, heat.tokens = instance, blocks * rr.block_tokens
             if rr.session_key and len(heat.sessions) < 1000:
                 heat.sessions.add(rr.session_key)
 

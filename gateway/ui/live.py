@@ -39,6 +39,14 @@ def _tierd_hits(state: AppState) -> dict[str, int]:
     return out
 
 
+def _engine_sums(ui: UiRuntime, key: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for figures in list(ui.engines.values()):
+        for source, n in (figures.get(key) or {}).items():
+            out[source] = out.get(source, 0.0) + n
+    return out
+
+
 def sample(state: AppState, ui: UiRuntime) -> dict[str, Any]:
     r = state.router.stats()
     requests = state.stats.to_dict().get("requests", {})
@@ -53,6 +61,9 @@ def sample(state: AppState, ui: UiRuntime) -> dict[str, Any]:
         "routed_prompt_tokens": ui.hot.routed_prompt_tokens,
         "predicted_by_tier": dict(ui.hot.predicted_by_tier),
         "tierd_hits": _tierd_hits(state),
+        # vLLM's own split (device, host, disk, ...), where the engines publish it
+        "engine_cached_by_source": _engine_sums(ui, "cached_by_source"),
+        "engine_prompt_by_source": _engine_sums(ui, "prompt_by_source"),
     }
 
 
@@ -71,7 +82,7 @@ def _tierd_tiers(stats: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
-    block_tokens = state.settings.routing.block_tokens
+    block_tokens = state.settings.routing.index_block_tokens
     index = state.router.index
     fleet = state.fleet
     instances = []
@@ -91,9 +102,9 @@ def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
                 "queued_prefill_tokens": queued,
                 "engine": ui.engines.get(inst.id, {}),
                 "believed_tokens": {
+                    # a block both predicted and reported by events counts once in any_tier
                     "any_tier": held * block_tokens,
                     "predicted_hbm": predicted * block_tokens,
-                    "reported": max(0, held - predicted) * block_tokens,
                 },
                 "tierd": None
                 if tierd is None

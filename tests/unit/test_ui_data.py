@@ -3,7 +3,7 @@ gauges are read from a Prometheus page as vLLM writes it."""
 
 from __future__ import annotations
 
-from gateway.ui.engines import parse_engine_gauges
+from gateway.ui.engines import engine_figures
 from gateway.ui.hot import HotTracker
 from router.types import CandidateScore, Decision, RouteRequest
 
@@ -14,7 +14,7 @@ def _rr(session: str, first: int, n: int = 5) -> RouteRequest:
 
 def test_hot_sessions_rank_by_recent_heat_and_stay_bounded() -> None:
     now = [0.0]
-    hot = HotTracker(half_life_s=10.0, prefix_blocks=2, max_keys=4, clock=lambda: now[0])
+    hot = HotTracker(half_life_s=10.0, prefix_tokens=32, max_keys=4, clock=lambda: now[0])
     decision = Decision("a", "ttft", "r", 32, {"hbm": 32})
     for _ in range(5):
         hot.observe(_rr("old", 100), decision, "a")
@@ -45,6 +45,13 @@ vllm:num_requests_running{engine="0",model_name="m"} 3.0
 vllm:num_requests_running{engine="1",model_name="m"} 1.0
 vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
 vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
+vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="device"} 64.0
+vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="disk"} 32.0
 """
-    assert parse_engine_gauges(text) == {"kv_usage": 0.5, "running": 4.0, "waiting": 2.0}
-    assert parse_engine_gauges("") == {}
+    assert engine_figures(text) == {
+        "kv_usage": 0.5,
+        "running": 4.0,
+        "waiting": 2.0,
+        "cached_by_source": {"device": 64.0, "disk": 32.0},
+    }
+    assert engine_figures("") == {}

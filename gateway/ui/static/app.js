@@ -87,7 +87,7 @@ function renderFleet(s) {
       el("td", { class: "n" }, fmt(i.queued_prefill_tokens)),
       el("td", {}, kv),
       el("td", { class: "n" }, e.error || e.running === undefined ? "–" : fmt(e.running) + " / " + fmt(e.waiting)),
-      el("td", { class: "n" }, fmt(b.reported) + " / " + fmt(b.predicted_hbm)),
+      el("td", { class: "n" }, fmt(b.any_tier) + " / " + fmt(b.predicted_hbm)),
       el("td", { class: "muted" }, slices));
   }));
   document.getElementById("arrayline").textContent =
@@ -113,9 +113,20 @@ function intervals(history) {
       const d = b.predicted_by_tier[t] - (a.predicted_by_tier[t] || 0);
       tiers[t] = routed > 0 ? d / routed : null;
     }
+    // the engines' own split by source; a counter that went back (an instance left or
+    // restarted) gives no point for that interval
+    const engPrompt = Object.values(b.engine_prompt_by_source || {}).reduce((x, y) => x + y, 0)
+      - Object.values(a.engine_prompt_by_source || {}).reduce((x, y) => x + y, 0);
+    const sources = {};
+    for (const src of Object.keys(b.engine_cached_by_source || {})) {
+      const d = b.engine_cached_by_source[src] - ((a.engine_cached_by_source || {})[src] || 0);
+      const denom = engPrompt > 0 ? engPrompt : prompt;
+      sources[src] = d >= 0 && denom > 0 ? d / denom : null;
+    }
     out.push({
       t: b.t,
       tiers,
+      sources,
       reported: prompt > 0 ? (b.reported_cached - a.reported_cached) / prompt : null,
       predictedTokens: b.predicted_when_reported - a.predicted_when_reported,
       reportedTokens: b.reported_cached - a.reported_cached,
@@ -171,6 +182,15 @@ function renderCharts(s) {
   const series = tierNames.map((t) => ({
     name: "predicted " + t, color: TIER_COLORS[t],
     points: iv.filter((p) => p.tiers[t] !== null && p.tiers[t] !== undefined).map((p) => ({ t: p.t, v: p.tiers[t] })),
+  }));
+  const sourceColors = ["#ff7b72", "#79c0ff", "#d2a8ff", "#56d364"];
+  // vLLM publishes every source; draw those that ever hit (else "device" alone)
+  let sourceNames = [...new Set(iv.flatMap((p) => Object.keys(p.sources)))];
+  const hit = sourceNames.filter((src) => iv.some((p) => p.sources[src] > 0));
+  sourceNames = hit.length ? hit : sourceNames.filter((src) => src === "device");
+  sourceNames.forEach((src, k) => series.push({
+    name: "engines: " + src, color: sourceColors[k % sourceColors.length],
+    points: iv.filter((p) => p.sources[src] !== null && p.sources[src] !== undefined).map((p) => ({ t: p.t, v: p.sources[src] })),
   }));
   series.push({ name: "reported by engines (all tiers)", color: TIER_COLORS.reported,
     points: iv.filter((p) => p.reported !== null).map((p) => ({ t: p.t, v: p.reported })) });
