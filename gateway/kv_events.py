@@ -28,6 +28,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
 from contracts.kv_events import (
+    BlockStored,
     MalformedEventError,
     decode_batch,
     decode_frames,
@@ -84,6 +85,7 @@ class SourceStats:
     gaps: int = 0
     missed_batches: int = 0
     restarts: int = 0
+    block_size_mismatch: int = 0  # batches with blocks of another size than precise mode's
     replays: int = 0  # resyncs from the engine's replay (start, restart, health recovery)
     replayed_batches: int = 0
     last_seq: int | None = None
@@ -102,7 +104,9 @@ class KvEventConsumer:
         metrics: KvEventMetrics | None = None,
         clock: Callable[[], float] = time.time,
         replay_endpoints: Mapping[str, str] | None = None,
+        block_size: int | None = None,  # precise mode's: events of another size are flagged
     ) -> None:
+        self.block_size = block_size
         self.index = index
         self.endpoints = dict(endpoints)
         self.replay_endpoints = dict(replay_endpoints or {})
@@ -275,6 +279,8 @@ class KvEventConsumer:
             log.warning("kv events from %s: batch %d undecodable: %s", instance, message.seq, exc)
             return
         elsewhere_of(instance, batch.events, self._elsewhere.setdefault(instance, {}))
+        if self.block_size is not None:
+            self._check_block_size(instance, stats, batch.events)
         counts = apply_events(self.index, instance, batch.events)
         stats.batches += 1
         stats.blocks_stored += counts.stored
@@ -293,6 +299,23 @@ class KvEventConsumer:
         """What this publisher told us goes (`router.event_feed.drop_publisher`)."""
         held = self._elsewhere.pop(instance, {})
         drop_publisher(self.index, instance, {(ARRAY, Tier.ARRAY): held})
+
+    def _check_block_size(self, instance: str, stats: SourceStats, events: Any) -> None:
+        """An engine whose blocks are not the size precise mode cuts can never match: say
+        so loudly (the startup check covers engines that answered then; this, the rest)."""
+        for ev in events:
+            size = getattr(ev, "block_size", None)
+            if isinstance(ev, BlockStored) and size and size != self.block_size:
+                stats.block_size_mismatch += 1
+                if stats.block_size_mismatch == 1:
+                    log.error(
+                        "kv events from %s: blocks of %d tokens, precise mode cuts %d: "
+                        "no prediction for it can match; fix routing.precise.block_size",
+                        instance,
+                        size,
+                        self.block_size,
+                    )
+                return
 
     def _count(self, stats: SourceStats, outcome: str) -> None:
         if outcome == "malformed":
@@ -322,6 +345,11 @@ async def attach_kv_events(state: AppState) -> None:
         topic=cfg.topic,
         metrics=KvEventMetrics(state.metrics.registry),
         replay_endpoints=replays,
+        block_size=(
+            state.settings.routing.precise.effective_block_size
+            if state.settings.routing.mode == "precise"
+            else None
+        ),
     )
     await consumer.start()
     state.kv_events = consumer

@@ -196,3 +196,17 @@ def test_engine_events_reach_the_gateway_index(workdir: Path) -> None:
     finally:
         gateway.stop()
         engine.stop()
+
+
+def test_blocks_of_another_size_than_precise_modes_are_flagged() -> None:
+    """An engine cutting 128-token blocks in front of a gateway cutting 16 is said loudly."""
+    index = PrefixIndex()
+    consumer = KvEventConsumer(index, {"i0": "ipc:///nonexistent"}, block_size=16)
+    event = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
+             "token_ids": list(range(128)), "block_size": 128, "medium": "GPU"}  # fmt: skip
+    frames = [b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [event]])]
+    consumer.handle("i0", frames)
+    assert consumer.stats()["i0"]["block_size_mismatch"] == 1
+    ok = KvEventConsumer(index, {"i0": "ipc:///nonexistent"}, block_size=128)
+    ok.handle("i0", frames)
+    assert ok.stats()["i0"]["block_size_mismatch"] == 0
