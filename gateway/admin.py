@@ -21,11 +21,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.errors import model_not_found, no_healthy_instance
 from gateway.parse import parse_chat, parse_completion, parse_json_object, read_body
-from gateway.routing import request_for_routing
 from gateway.state import app_state
-from router.types import NoCandidateError
 
 
 def build_admin_router() -> APIRouter:
@@ -112,14 +109,9 @@ def build_admin_router() -> APIRouter:
             if "prompt" in body and "messages" not in body
             else parse_chat(body, session_header, limits=limits)
         )
-        if parsed.model not in state.health.known_models():
-            raise model_not_found(parsed.model)
-        candidates = state.health.candidates_for(parsed.model)
-        rr = await request_for_routing(state, parsed, candidates)
-        try:
-            decision = state.router.explain(rr, candidates)
-        except NoCandidateError:
-            raise no_healthy_instance(parsed.model, state.settings.retry_after_s) from None
+        assert state.pipeline is not None, "built in the lifespan"
+        routed = await state.pipeline.decide(parsed, dry_run=True)  # the proxy's own path
+        rr, decision, candidates = routed.route, routed.decision, routed.candidates
         excluded = {
             i: state.health.health[i].to_dict()
             for i in state.health.health
@@ -144,6 +136,14 @@ def build_admin_router() -> APIRouter:
                     "predicted_ttft_s": decision.predicted_ttft_s,
                     "fallbacks": list(decision.fallbacks),
                 },
+                "binding": {
+                    "outcome": routed.binding,  # None: bindings do not apply here
+                    "bound_instance": routed.bound_instance,
+                    "policy_chose": routed.policy_choice,
+                },
+                "prefetch": None
+                if routed.prefetch is None
+                else {"instance": routed.prefetch.instance, "blocks": len(routed.prefetch.chain)},
                 "candidates": [dataclasses.asdict(c) for c in decision.candidates],
                 "excluded": excluded,
             }

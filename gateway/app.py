@@ -35,6 +35,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.monitoring import build_monitoring_router
 from gateway.openai_api import add_completion_routes, build_openai_router
+from gateway.pipeline import RequestPipeline
 from gateway.prefetch import PrefetchHints
 from gateway.roles import require_admin, require_client
 from gateway.routing import build_router
@@ -107,6 +108,19 @@ def build_state(settings: Settings) -> AppState:
     return state
 
 
+def build_pipeline(state: AppState) -> RequestPipeline:
+    """The request pipeline over the app's parts (after the optional ones attached)."""
+    return RequestPipeline(
+        state.settings,
+        state.health,
+        state.router,
+        state.metrics,
+        state.prefetch,
+        precise=state.precise,
+        bindings=state.bindings,
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else load_settings()
 
@@ -128,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await attach_limits(state)
             await attach_ui(state)
             attach_health_resync(state)
+            state.pipeline = build_pipeline(state)  # over the parts just attached
             attach_engine_load(state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")

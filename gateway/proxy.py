@@ -26,15 +26,12 @@ from gateway.disconnect import Abandoned, ClientDisconnected, race_disconnect
 from gateway.errors import (
     OpenAIError,
     bad_gateway,
-    model_not_found,
-    no_healthy_instance,
 )
 from gateway.h1pool import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.inflight import Attempt, inflight_of
 from gateway.parse import ParsedRequest, upstream_body
 from gateway.resume import resumer as _resumer
 from gateway.roles import access_of
-from gateway.routing import hint_chain, request_for_routing
 from gateway.state import AppState
 from gateway.upstream import (
     AttemptConnectFailed,
@@ -49,7 +46,6 @@ from gateway.upstream import (
     stream,
     whole,
 )
-from router.types import NoCandidateError
 
 log = logging.getLogger("warmgate.proxy")
 
@@ -89,34 +85,13 @@ async def proxy_completion(
 ) -> Response:
     """Serve one `/v1/chat/completions` or `/v1/completions` request."""
     started = time.monotonic()
-    if parsed.model not in state.health.known_models():
-        raise model_not_found(parsed.model)
-    candidates = state.health.candidates_for(parsed.model)
-    retry_after = state.settings.retry_after_s
-    if not candidates:
-        raise no_healthy_instance(parsed.model, retry_after)
-    rr = await request_for_routing(state, parsed, candidates)
-    shared = state.bindings  # gateway/session_bindings.py: cross-replica session binding
-    if shared is not None:
-        await shared.lookup(rr)
-    try:
-        decision = state.router.route(rr, candidates)
-    except NoCandidateError:
-        raise no_healthy_instance(parsed.model, retry_after) from None
-    if shared is not None:
-        decision = shared.bind(rr, decision, candidates)
-    state.metrics.decisions.labels(decision.instance, decision.policy).inc()
+    pipeline = state.pipeline
+    assert pipeline is not None, "built in the lifespan"
+    routed = await pipeline.decide(parsed, dry_run=False)
+    rr, decision = routed.route, routed.decision
     ex = RequestAccounting(state, parsed, rr, decision, started, request_id)
-    if state.prefetch.wants(decision.instance):
-        state.prefetch.hint(
-            decision.instance,
-            hint_chain(state, parsed, rr),
-            state.settings.tiers.prefetch_deadline_s,
-            parsed.session_key,
-        )
-    allowed = set(candidates)
-    order = [decision.instance, *(f for f in decision.fallbacks if f in allowed)]
-    order = list(dict.fromkeys(order))
+    pipeline.send_prefetch(routed)
+    order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
     headers = _request_headers(request, request_id, forward_auth=not access_of(state).any_keys)
     last: AttemptFailed | None = None

@@ -114,10 +114,10 @@ class SessionBindings:
 
     # -- the two calls around routing ----------------------------------------------------
 
-    async def lookup(self, rr: RouteRequest) -> str | None:
+    async def lookup(self, rr: RouteRequest, *, dry_run: bool = False) -> str | None:
         """Before routing: the player's bound instance, from the local cache or one
         timeout-bounded call (which refreshes the binding's TTL). None when unbound or when
-        the store is down."""
+        the store is down. `dry_run` (explain) leaves the local cache and counters alone."""
         key = self._affine(rr)
         if key is None:
             return None
@@ -131,36 +131,49 @@ class SessionBindings:
                 self.sync.config.call_timeout_s,
             )
         except StateUnavailableError:
-            self.metrics.bindings.labels("unavailable").inc()
+            if not dry_run:
+                self.metrics.bindings.labels("unavailable").inc()
             return None
-        if bound is not None:
+        if bound is not None and not dry_run:
             self._remember(key, bound)
         return bound
 
-    def bind(self, rr: RouteRequest, decision: Decision, candidates: Sequence[str]) -> Decision:
-        """After routing, synchronously: follow the binding `lookup()` found, or record a new
-        one in the background (set-if-absent: if another replica bound the player first,
-        its choice is adopted from the next turn on)."""
+    def bind(
+        self,
+        rr: RouteRequest,
+        decision: Decision,
+        candidates: Sequence[str],
+        bound: str | None,
+        *,
+        dry_run: bool = False,
+    ) -> tuple[Decision, str | None]:
+        """After routing, synchronously, with the binding `lookup()` returned: follow it, or
+        record a new one in the background (set-if-absent: if another replica bound the
+        player first, its choice is adopted from the next turn on). Returns the decision to
+        dispatch and what the binding did (bound, kept, redirected, moved; None when
+        bindings do not apply). `dry_run` (explain) says the same and writes nothing."""
         key = self._affine(rr)
         if key is None or len(candidates) < 2:
-            return decision
-        bound = self._cached(key)
+            return decision, None
         if bound is None:
-            self._remember(key, decision.instance)  # provisional until the store answers
-            self._background(self._bind_new(key, decision.instance))
-            self.metrics.bindings.labels("bound").inc()
-            return decision
-        if bound == decision.instance:
-            self.metrics.bindings.labels("kept").inc()
-            return decision
-        if bound in candidates and not self._overloaded(bound, candidates):
-            self.metrics.bindings.labels("redirected").inc()
-            return _redirect(decision, bound)
-        # The bound instance is unhealthy or overloaded: move the player, compare-and-set.
-        self._remember(key, decision.instance)
-        self._background(self._move(key, bound, decision.instance))
-        self.metrics.bindings.labels("moved").inc()
-        return decision
+            outcome = "bound"
+        elif bound == decision.instance:
+            outcome = "kept"
+        elif bound in candidates and not self._overloaded(bound, candidates):
+            outcome = "redirected"
+        else:  # the bound instance is unhealthy or overloaded: move the player (CAS)
+            outcome = "moved"
+        if not dry_run:
+            self.metrics.bindings.labels(outcome).inc()
+            if outcome == "bound":
+                self._remember(key, decision.instance)  # provisional until the store answers
+                self._background(self._bind_new(key, decision.instance))
+            elif outcome == "moved" and bound is not None:
+                self._remember(key, decision.instance)
+                self._background(self._move(key, bound, decision.instance))
+        if outcome == "redirected" and bound is not None:
+            return _redirect(decision, bound), outcome
+        return decision, outcome
 
     # -- background writes ---------------------------------------------------------------
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.inflight import Inflight
     from gateway.kv_events import KvEventConsumer
     from gateway.limits import Limiter
+    from gateway.pipeline import RequestPipeline
     from gateway.roles import Access
     from gateway.session_bindings import SessionBindings
     from gateway.ui.live import UiRuntime
@@ -60,6 +61,7 @@ class AppState:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
+    pipeline: RequestPipeline | None = None  # gateway.pipeline: built once the parts are
     bindings: SessionBindings | None = None  # gateway.shared_state: cross-replica sessions
     kv_events: KvEventConsumer | None = None  # gateway.kv_events: engines' residency events
     fleet: Fleet | None = None  # gateway.fleet: runtime fleet changes

@@ -115,7 +115,7 @@ class Router:
         now = self._clock()
         computed = _uncached_tokens(request, decision, instance)
         self.load.on_dispatch(instance, computed)
-        self.policy.on_dispatch(request, instance, computed)
+        self.policy.on_dispatch(request, decision, instance, computed)
         if self.predict_on_route and request.block_hashes:
             self.index.insert(instance, request.block_hashes, Tier.HBM, now, predicted=True)
         self._totals.routed += 1
@@ -178,6 +178,7 @@ class Router:
                     for label, n in by_tier.items()
                     if label in _TIER_BY_LABEL and label != Tier.HBM.label
                 },
+                decision=decision,
             )
         )
 

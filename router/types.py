@@ -88,6 +88,9 @@ class Decision:
     predicted_ttft_s: float | None = None
     fallbacks: tuple[str, ...] = ()
     candidates: Sequence[CandidateScore] = ()  # a tuple, or `LazyCandidates`
+    # what the policy will commit when the request is dispatched, for the instance actually
+    # used (its own record; None for a policy that commits nothing, and for explain's dry run)
+    pending: object = field(default=None, compare=False, repr=False)
 
 
 class NoCandidateError(RoutingError):

@@ -43,6 +43,7 @@ class Outcome:
     ttft_s: float | None  # None when the request failed before its first token
     reported_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     loaded_tokens_by_tier: Mapping[Tier, int] = field(default_factory=dict)
+    decision: Decision | None = None  # the decision this outcome is of (its handle)
 
 
 class Policy:
@@ -54,9 +55,12 @@ class Policy:
     - `preview(request, candidates)`: the decision `choose` would make, changing no state
       (explain's dry run); the default is `choose` itself, right for a policy whose `choose`
       changes nothing;
-    - `on_dispatch(request, instance, computed_tokens)`: where a request was actually sent
-      (the choice or a fallback) and the prompt tokens it computes there as predicted;
-    - `observe(outcome)`: learn from a finished request;
+    - `on_dispatch(request, decision, instance, computed_tokens)`: where a request was
+      actually sent (the choice, a session binding's redirect or a fallback) and the prompt
+      tokens it computes there as predicted. A policy commits its own state here, for that
+      instance, never in `choose` (the gateway may still send the request elsewhere);
+      `decision.pending` carries what it needs from `choose`;
+    - `observe(outcome)`: learn from a finished request (`outcome.decision` is its handle);
     - `set_bandwidths(instance, {tier label: bytes/s})` (from tierd's stats) and
       `set_kv_capacity(instance, tokens)` (from the engine's `vllm:cache_config_info`);
       the gateway discovers capacities only for a policy with `wants_kv_capacity`;
@@ -74,7 +78,9 @@ class Policy:
     def preview(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
         return self.choose(request, candidates)
 
-    def on_dispatch(self, request: RouteRequest, instance: str, computed_tokens: int) -> None:
+    def on_dispatch(
+        self, request: RouteRequest, decision: Decision, instance: str, computed_tokens: int
+    ) -> None:
         return None
 
     def observe(self, outcome: Outcome) -> None:

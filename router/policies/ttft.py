@@ -58,12 +58,13 @@ Then:
    session key ranks highest by rendezvous hashing (stable while the fleet is, so a new
    session's turns agree), then the less loaded.
 
-`choose()` remembers the prediction made for the instance it picked (bounded, keyed by
-instance, prompt tokens and predicted cached tokens) so `observe()` can pair an outcome
-with it and calibrate. `preview()` is the same decision as a dry run (explain): it changes
-no state, so explaining a request does not move the next real decision.
-`set_bandwidths()` takes measured tier bandwidths (tierd stats); `on_dispatch()` (called
-by the router for the instance a request was actually sent to) keeps the footprints.
+`choose()` changes no state: it decides on copies and hands its `Decision` a pending
+record (each candidate's prediction, the arrival, the reuse given up). `on_dispatch()`,
+called by the router for the instance a request was actually sent to (the choice, a session
+binding's redirect, a fallback), commits it for that instance and keeps the footprints;
+`observe()` pairs an outcome with the prediction for the instance it ran on, through the
+outcome's decision. `preview()` is the same decision with nothing to commit (explain).
+`set_bandwidths()` takes measured tier bandwidths (tierd stats).
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ import copy
 import dataclasses
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -90,7 +90,19 @@ from router.types import (
     ordered_fallbacks,
 )
 
-_Key = tuple[str, int, int]
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """What a decision commits at dispatch (`Decision.pending`): the arrival's time, the
+    most any candidate under the cap had cached (the reuse given up is measured against
+    it), each candidate's cached tokens and prediction, and whether the fleet was saturated."""
+
+    now: float
+    most: int
+    saturated: bool
+    cached: dict[str, int]
+    predictions: dict[str, Prediction]
+    committed: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -173,7 +185,6 @@ class TtftPolicy(Policy):
         reuse_step: float = 0.05,
         reuse_price_max: float = 10.0,
         reuse_burst_prompts: float = 2.0,
-        remembered: int = 8192,
         kv_capacity_tokens: int | None = None,
         session_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -204,8 +215,6 @@ class TtftPolicy(Policy):
         self._arrivals = ArrivalRate(rate_window_s)
         self._clock = clock
         self.saturated_decisions = 0
-        self._remembered = remembered
-        self._pending: OrderedDict[_Key, Prediction] = OrderedDict()
         # KV capacity per instance, in tokens: the default for all, or what each reported
         self.kv_capacity_tokens = kv_capacity_tokens
         self._kv_capacity: dict[str, int] = {}
@@ -220,10 +229,24 @@ class TtftPolicy(Policy):
         if tokens > 0:
             self._kv_capacity[instance] = tokens
 
-    def on_dispatch(self, request: RouteRequest, instance: str, computed_tokens: int) -> None:
-        """The request was sent to `instance`, computing `computed_tokens` there."""
+    def on_dispatch(
+        self, request: RouteRequest, decision: Decision, instance: str, computed_tokens: int
+    ) -> None:
+        """The request was sent to `instance`, computing `computed_tokens` there: the
+        decision's arrival and reuse (for the cache given up on the instance actually used)
+        are committed, once per decision; a failover's later dispatch only records where
+        the session's KV now grows."""
         if request.session_key:
             self.footprints.record(request.session_key, instance, computed_tokens, self._clock())
+        pending = decision.pending
+        if not isinstance(pending, _Pending) or pending.committed:
+            return
+        pending.committed = True
+        self._arrivals.tick(pending.now)
+        self.reuse.refill(request.prompt_tokens)
+        self.reuse.update(pending.most - pending.cached.get(instance, 0), request.prompt_tokens)
+        if pending.saturated:
+            self.saturated_decisions += 1
 
     def _cap(self, total_in_flight: int, candidates: int) -> int:
         fair = -(-(total_in_flight + 1) // candidates)  # ceil
@@ -236,7 +259,7 @@ class TtftPolicy(Policy):
         cap: int,
         arrivals: ArrivalRate,
         reuse: ReuseBudget,
-    ) -> tuple[list[_Scored], list[_Scored], bool]:
+    ) -> tuple[list[_Scored], list[_Scored], bool, float]:
         """Every candidate scored; those under the load cap (all, when none is); and whether
         the fleet is saturated: even the emptiest of those has more work queued than this
         whole prompt's prefill (a move then finds no spare capacity)."""
@@ -286,7 +309,7 @@ class TtftPolicy(Policy):
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
             s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
-        return scored, allowed, saturated
+        return scored, allowed, saturated, now
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
         """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`
@@ -298,12 +321,15 @@ class TtftPolicy(Policy):
         return max(0, working + max(0, computed_tokens) - capacity) - max(0, working - capacity)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
-        return self._decide(request, candidates, self._arrivals, self.reuse, commit=True)
+        """The decision, changing nothing yet: it decides on copies of the rate meter and
+        reuse budget (this arrival counted), and its `pending` record is what `on_dispatch`
+        commits for the instance actually used. (Sessions idle past their window are
+        retired, as any later call would retire them.)"""
+        arrivals, reuse = copy.copy(self._arrivals), copy.copy(self.reuse)
+        return self._decide(request, candidates, arrivals, reuse, commit=True)
 
     def preview(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
-        """The decision `choose` would make now, changing nothing (explain's dry run): the
-        rate meter and reuse budget are read from copies, no prediction is remembered.
-        (Sessions idle past their window are retired, as any later call would retire them.)"""
+        """The decision `choose` would make now, with nothing to commit (explain)."""
         arrivals, reuse = copy.copy(self._arrivals), copy.copy(self.reuse)
         return self._decide(request, candidates, arrivals, reuse, commit=False)
 
@@ -317,7 +343,7 @@ class TtftPolicy(Policy):
         commit: bool,
     ) -> Decision:
         cap = self._cap(sum(v.in_flight for v in candidates), len(candidates))
-        scored, allowed, saturated = self._score_all(request, candidates, cap, arrivals, reuse)
+        scored, allowed, saturated, now = self._score_all(request, candidates, cap, arrivals, reuse)
         capped = len(scored) - len(allowed)
         reuse.refill(request.prompt_tokens)
         most = max(s.cached for s in allowed)
@@ -326,11 +352,6 @@ class TtftPolicy(Policy):
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
         chosen = ties[0] if len(ties) == 1 else min(ties, key=_tie_key(request.session_key))
-        reuse.update(most - chosen.cached, request.prompt_tokens)
-        if commit:
-            if saturated:
-                self.saturated_decisions += 1
-            self._remember((chosen.view.id, request.prompt_tokens, chosen.cached), chosen.pred)
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
@@ -348,17 +369,22 @@ class TtftPolicy(Policy):
             predicted_ttft_s=chosen.pred.ttft_s,
             fallbacks=ordered_fallbacks(chosen.view.id, [s.view.id for s in ranked]),
             candidates=LazyCandidates(lambda: tuple(_explain(s) for s in scored)),
+            pending=_Pending(
+                now=now,
+                most=most,
+                saturated=saturated,
+                cached={s.view.id: s.cached for s in scored},
+                predictions={s.view.id: s.pred for s in scored},
+            )
+            if commit
+            else None,
         )
 
-    def _remember(self, key: _Key, pred: Prediction) -> None:
-        self._pending[key] = pred
-        self._pending.move_to_end(key)
-        while len(self._pending) > self._remembered:
-            self._pending.popitem(last=False)
-
     def observe(self, outcome: Outcome) -> None:
-        key = (outcome.instance, outcome.prompt_tokens, outcome.predicted_cached_tokens)
-        pred = self._pending.pop(key, None)
+        """Calibrate on the outcome, against the prediction made for the instance it ran on
+        (its decision's record: no lookup by sizes that equal requests share)."""
+        pending = outcome.decision.pending if outcome.decision is not None else None
+        pred = pending.predictions.get(outcome.instance) if isinstance(pending, _Pending) else None
         cached = (
             outcome.reported_cached_tokens
             if outcome.reported_cached_tokens is not None

@@ -154,6 +154,30 @@ async def test_a_players_turns_land_on_one_instance_whichever_replica(fleet: Fle
     assert len({i[0] for i in served.values()}) >= 2, f"{served}\n{fleet.tails()}"
 
 
+async def test_explain_on_another_replica_names_the_bound_instance(fleet: Fleet) -> None:
+    """Explain runs the proxy's own pipeline (dry run): on replica B it shows the binding
+    replica A made, and names the instance B then sends the player's next turn to."""
+    a_url, b_url = fleet.gateways.values()
+    player = f"player-{uuid.uuid4().hex[:6]}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        first = await client.post(f"{a_url}/v1/chat/completions", json=chat(player, 0))
+        assert first.status_code == 200, first.text
+        bound = first.headers["x-engine-instance"]
+        for _ in range(100):  # the binding is written in the background
+            r = await client.get(f"{b_url}/admin/sessions/{player}")
+            if r.json().get("binding", {}).get("bound_instance") == bound:
+                break
+            await asyncio.sleep(0.05)
+        explained = await client.post(f"{b_url}/admin/route/explain", json=chat(player, 1))
+        assert explained.status_code == 200, explained.text
+        body = explained.json()
+        assert body["binding"]["bound_instance"] == bound, body
+        assert body["binding"]["outcome"] in {"kept", "redirected"}
+        assert body["decision"]["instance"] == bound
+        nxt = await client.post(f"{b_url}/v1/chat/completions", json=chat(player, 1))
+        assert nxt.headers["x-engine-instance"] == body["decision"]["instance"]
+
+
 async def test_each_replica_sees_the_others_in_flight_load(fleet: Fleet) -> None:
     (a_url, b_url) = fleet.gateways.values()
     long = {
@@ -219,9 +243,9 @@ def runtime(redis_url: str, pool: str, replica: str) -> SessionBindings:
 
 
 async def route(rt: SessionBindings, rr: RouteRequest, candidates: list[str]) -> Decision:
-    """What gateway.proxy does around routing, then wait for the background write."""
-    await rt.lookup(rr)
-    decision = rt.bind(rr, rt.router.route(rr, candidates), candidates)
+    """What gateway.pipeline does around routing, then wait for the background write."""
+    bound = await rt.lookup(rr)
+    decision, _ = rt.bind(rr, rt.router.route(rr, candidates), candidates, bound)
     await asyncio.gather(*rt._pending)
     return decision
 

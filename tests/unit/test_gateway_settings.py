@@ -145,10 +145,10 @@ def test_policy_params_are_typed_from_the_policy_and_settable_from_env(
     or an unknown policy is refused with the settings."""
     monkeypatch.setenv("WARMGATE_ROUTING__POLICY", "ttft")
     monkeypatch.setenv("WARMGATE_ROUTING__PARAMS__TIE_REL", "0.2")
-    monkeypatch.setenv("WARMGATE_ROUTING__PARAMS__REMEMBERED", "100")
+    monkeypatch.setenv("WARMGATE_ROUTING__PARAMS__SESSION_WINDOW_S", "100")
     s = load_settings()
-    assert s.routing.params == {"tie_rel": 0.2, "remembered": 100}
-    for name in ("POLICY", "PARAMS__TIE_REL", "PARAMS__REMEMBERED"):
+    assert s.routing.params == {"tie_rel": 0.2, "session_window_s": 100.0}
+    for name in ("POLICY", "PARAMS__TIE_REL", "PARAMS__SESSION_WINDOW_S"):
         monkeypatch.delenv(f"WARMGATE_ROUTING__{name}")
     with pytest.raises(ValidationError, match="load_cap"):
         load_settings(routing={"policy": "ttft", "params": {"load_cap": "lots"}})

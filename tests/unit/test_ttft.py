@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from contracts.tiers import Tier
-from router.cost import CostParams
+from router.cost import CostParams, TtftCostModel
 from router.policies.base import InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
-from router.types import RouteRequest
+from router.types import Decision, RouteRequest
 
 BT = 64
 
@@ -135,12 +135,14 @@ def test_observed_ttfts_calibrate_the_prediction() -> None:
     assert before is not None
     for _ in range(60):
         d = policy.choose(_req(), views)
+        policy.on_dispatch(_req(), d, "a", 0)
         policy.observe(
             Outcome(
                 instance="a",
                 prompt_tokens=300 * BT,
                 predicted_cached_tokens=d.cached_tokens,
                 ttft_s=3.0 * before,  # this instance is three times slower than its profile
+                decision=d,
             )
         )
     after = policy.choose(_req(), views).predicted_ttft_s
@@ -163,7 +165,8 @@ def test_a_saturated_fleet_keeps_the_cache() -> None:
 
 
 def _fill(policy: TtftPolicy, instance: str, tokens: int, session: str = "resident") -> None:
-    policy.on_dispatch(_req(blocks=1, session=session), instance, tokens)
+    request = _req(blocks=1, session=session)
+    policy.on_dispatch(request, Decision(instance, "ttft", "footprint"), instance, tokens)
 
 
 def test_a_new_session_avoids_an_instance_whose_hbm_its_sessions_fill() -> None:
@@ -280,13 +283,14 @@ def _decisions(with_previews: bool) -> tuple[list[tuple[str, str, float]], dict[
             assert {p.instance for p in previewed} == {decision.instance}
             assert previewed[0].reason == decision.reason
         seen.append((decision.instance, decision.reason, decision.predicted_ttft_s or 0.0))
-        policy.on_dispatch(request, decision.instance, 1000)
+        policy.on_dispatch(request, decision, decision.instance, 1000)
         policy.observe(
             Outcome(
                 instance=decision.instance,
                 prompt_tokens=request.prompt_tokens,
                 predicted_cached_tokens=decision.cached_tokens,
                 ttft_s=0.05 + 0.01 * (k % 4),
+                decision=decision,
             )
         )
     return seen, policy.stats()
@@ -299,3 +303,29 @@ def test_preview_is_a_dry_run() -> None:
     assert previewed == plain
     assert previewed_stats == plain_stats
     assert len({instance for instance, _, _ in plain}) > 1  # the sequence does make choices
+
+
+def test_commits_at_dispatch_for_the_instance_used_and_pairs_outcomes_by_decision() -> None:
+    """choose() changes nothing; the dispatch commits the reuse given up on the instance the
+    request actually went to (a binding's redirect here); two decisions of equal sizes on one
+    instance each calibrate against their own prediction."""
+    policy = _policy()
+    views = [_view("a", l1=280), _view("b")]
+    request = _req()
+    before = (policy.reuse.price, policy.reuse.lost_share, policy.stats())
+    first = policy.choose(request, views)
+    assert first.instance == "a"
+    assert (policy.reuse.price, policy.reuse.lost_share, policy.stats()) == before
+    policy.on_dispatch(request, first, "b", request.prompt_tokens)  # redirected to b
+    assert policy.reuse.lost_share > 0  # a's cache was given up, as dispatched, not as chosen
+    busier = [_view("a", l1=280), _view("b", in_flight=1, queued=request.prompt_tokens)]
+    again = policy.choose(request, busier)
+    policy.on_dispatch(request, again, "b", request.prompt_tokens)
+    preds = [d.pending.predictions["b"] for d in (first, again)]  # type: ignore[attr-defined]
+    assert preds[0] != preds[1]  # b was busier at the second
+    reference = TtftCostModel(policy.model.params)
+    for d, pred in ((again, preds[1]), (first, preds[0])):  # finishing out of order
+        policy.observe(Outcome("b", request.prompt_tokens, 0, 0.5, decision=d))
+        reference.observe("b", prompt_tokens=request.prompt_tokens, cached_tokens=0, ttft_s=0.5,
+                          prediction=pred)  # fmt: skip
+    assert policy.model.snapshot() == reference.snapshot()
