@@ -139,6 +139,7 @@ class RealFleet:
                 },
             },
             "kv_events": {"enabled": self.cfg.kv_events, "topic": self.cfg.kv_events_topic},
+            **({"tiers": {"hint_keys": "engine"}} if self.tierd_urls else {}),
         }
 
 

@@ -132,10 +132,10 @@ class RequestPipeline:
     ) -> PrefetchPlan | None:
         if not self.prefetch.wants(instance):
             return None
-        # tierd keys the simulated engine's slices by the gateway's approximate blocks, so
-        # in precise mode the hint names those (contracts.slices: the engine's own hashes
-        # once its tierd is fed by a connector that keys slices by them)
-        if self.precise is None:
+        # The keys tierd holds (`tiers.hint_keys`): the simulated engine's slices go by the
+        # gateway's approximate blocks; tierd's vLLM connector keys them by the engine's own
+        # block hashes (contracts.slices), precise mode's chain.
+        if self.precise is None or self.settings.tiers.hint_keys == "engine":
             chain: Sequence[int] = rr.block_hashes
         else:
             chain = route_request(parsed, self.settings.routing).block_hashes

@@ -191,6 +191,10 @@ class TierSettings(StrictModel):
     prefetch: bool = True  # send a prefetch hint to the chosen instance's tierd
     prefetch_deadline_s: float = Field(default=2.0, gt=0)
     stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
+    # The keys tierd holds slices under: `approximate` (the gateway's character blocks, what
+    # `sim.engine` stores) or `engine` (the engine's own block hashes, what tierd's vLLM KV
+    # connector stores; precise mode computes the same chain).
+    hint_keys: Literal["approximate", "engine"] = "approximate"
 
 
 class FleetSettings(StrictModel):

@@ -27,6 +27,7 @@ import yaml
 
 from gateway.engines.models import EngineEnvMissing, ensure_tiny_model, require_engine_python
 from gateway.engines.process import ProcessTree
+from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
 from gateway.engines.vllm_metrics import cache_config
 from gateway.up import Interrupted
@@ -34,7 +35,10 @@ from gateway.up import Interrupted
 SERVED_MODEL = "warmgate-tiny"
 
 
-def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]:
+Fleet = VllmFleet | TieredFleet
+
+
+def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
     """The gateway's YAML: precise mode with what the engines themselves report."""
     block_sizes: set[int] = set()
     algos: set[str] = set()
@@ -59,6 +63,7 @@ def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]
     routing: dict[str, Any] = {"mode": "precise", "precise": precise}
     if args.policy:
         routing["policy"] = args.policy
+    tierds = fleet.tierd_urls if isinstance(fleet, TieredFleet) else {}
     instances = [
         {
             "id": e.id,
@@ -66,6 +71,8 @@ def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]
             "models": [fleet.cfg.served_model_name],
             "kv_events_endpoint": e.kv_events_endpoint,
             "kv_events_replay_endpoint": e.kv_replay_endpoint,
+            # its tierd: prefetch hints (engine block hashes) and measured tier bandwidths
+            **({"tierd_url": tierds[e.id]} if e.id in tierds else {}),
         }
         for e in fleet
     ]
@@ -74,6 +81,8 @@ def gateway_config(args: argparse.Namespace, fleet: VllmFleet) -> dict[str, Any]
         "port": args.port,
         "instances": instances,
         "routing": routing,
+        # tierd's connector keys slices by the engine's block hashes: hint in those
+        **({"tiers": {"hint_keys": "engine"}} if tierds else {}),
         "kv_events": {"enabled": True, "topic": fleet.cfg.kv_events_topic},
     }
 
@@ -93,7 +102,7 @@ def _wait_gateway(tree: ProcessTree, url: str, timeout_s: float) -> None:
     raise RuntimeError(f"the gateway did not answer {url}; log {tree.log_path}:\n{tree.tail()}")
 
 
-def banner(base_url: str, fleet: VllmFleet, run_dir: Path, config: dict[str, Any]) -> str:
+def banner(base_url: str, fleet: Fleet, run_dir: Path, config: dict[str, Any]) -> str:
     precise = config["routing"]["precise"]
     model = fleet.cfg.served_model_name
     return "\n".join(
@@ -104,6 +113,14 @@ def banner(base_url: str, fleet: VllmFleet, run_dir: Path, config: dict[str, Any
             f"  base URL:  {base_url}",
             f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
             f"  engines:   {', '.join(e.url for e in fleet)}",
+            *(
+                [
+                    f"  tierds:    {', '.join(fleet.tierd_urls.values())} "
+                    f"(KV connector, shared array {fleet.array_dir})"
+                ]
+                if isinstance(fleet, TieredFleet)
+                else []
+            ),
             f"  logs:      {run_dir}",
             "",
             "  from openai import OpenAI",
@@ -122,22 +139,26 @@ def run(args: argparse.Namespace) -> int:
     """Start the model, engines and gateway; supervise until a signal or a death."""
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="wg-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    fleet: VllmFleet | None = None
+    fleet: Fleet | None = None
     gateway: ProcessTree | None = None
     try:
         python = require_engine_python()
         print("warmgate up: building the local model (cached after the first time)...", flush=True)
         model_dir = ensure_tiny_model(python=python)
-        fleet = VllmFleet(
-            FleetConfig(
-                model_dir=model_dir,
-                engines=args.instances,
-                run_dir=run_dir,
-                served_model_name=SERVED_MODEL,
-                python=python,
-                kv_cache_gib=args.kv_cache_gib,
-                start_timeout_s=max(args.start_timeout, 300.0),
-            )
+        fleet_cfg = FleetConfig(
+            model_dir=model_dir,
+            engines=args.instances,
+            run_dir=run_dir,
+            served_model_name=SERVED_MODEL,
+            python=python,
+            kv_cache_gib=args.kv_cache_gib,
+            start_timeout_s=max(args.start_timeout, 300.0),
+        )
+        # a tierd beside each engine (the KV connector, one shared array) unless --no-tierd
+        fleet = (
+            VllmFleet(fleet_cfg)
+            if getattr(args, "no_tierd", False)
+            else TieredFleet(TieredConfig(fleet_cfg))
         )
         print(
             f"warmgate up: starting {args.instances} vLLM engines (about a minute)...", flush=True

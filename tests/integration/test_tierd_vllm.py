@@ -20,6 +20,8 @@ from gateway.engines.models import ensure_tiny_model
 from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig
 from tests.support.engines import engine_python_or_skip
+from tests.support.procs import free_port
+from tests.support.vllm import Gateway, gateway_config
 from tests.support.vllm_fleets import FleetSlot
 from tierd.slices import HEADER_BYTES
 from tierd.tiers.l2_array import ArrayDir
@@ -42,7 +44,6 @@ def fleet(session_fleets: FleetSlot) -> TieredFleet:
                     engines=2,
                     run_dir=run_dir,
                     served_model_name=MODEL,
-                    kv_events=False,
                     python=python,
                 ),
                 l1_bytes=256 * 1024 * 1024,
@@ -203,3 +204,48 @@ def test_tierd_killed_mid_run_loses_no_request(fleet: TieredFleet) -> None:
     got = complete(b.engine.url, again)
     assert got["ids"] == want["ids"]
     assert got["cached"] == (len(again) - 1) // BLOCK * BLOCK
+
+
+def test_the_gateway_hints_the_next_engine_in_engine_hashes_and_the_prefetch_is_on_time(
+    fleet: TieredFleet, tmp_path: Path
+) -> None:
+    """warmgate in precise mode with each instance's tierd: a turn routed to the engine that
+    did not compute the prompt makes the gateway hint that engine's tierd with the prompt's
+    chain in vLLM's own block hashes; tierd brings the blocks from the array into its L1
+    before vLLM asks, and the engine loads them from there."""
+    cfg = gateway_config(fleet, free_port())  # type: ignore[arg-type]
+    urls = fleet.tierd_urls
+    for inst in cfg["instances"]:
+        inst["tierd_url"] = urls[inst["id"]]
+    cfg["routing"]["policy"] = "round_robin"  # the second turn goes to the other engine
+    cfg["tiers"] = {"hint_keys": "engine", "prefetch_deadline_s": 5.0}
+    gw = Gateway(tmp_path, cfg).wait_ready()
+    try:
+        ids = prompt(800, 1500)
+        full = (len(ids) - 1) // BLOCK * BLOCK
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 4, "temperature": 0}
+        body |= {"ignore_eos": True, "return_token_ids": True}
+        written = {i.engine.id: _written(i) for i in fleet.instances}
+        first = httpx.post(f"{gw.base}/v1/completions", json=body, timeout=300.0)
+        assert first.status_code == 200, first.text
+        there = first.headers["x-warmgate-instance"]
+        here = next(i for i in fleet.instances if i.engine.id != there)
+        a = next(i for i in fleet.instances if i.engine.id == there)
+        wait_until(lambda: _written(a) >= written[there] + full // BLOCK)
+        before = here.tierd.stats()["prefetch"]
+        second = httpx.post(f"{gw.base}/v1/completions", json=body, timeout=300.0)
+        assert second.status_code == 200, second.text
+        assert second.headers["x-warmgate-instance"] == here.engine.id
+        usage = second.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == full
+        after = here.tierd.stats()["prefetch"]
+        assert after["requests"] == before["requests"] + 1
+        brought = sum(after.get(k, 0) - before.get(k, 0) for k in ("on_time", "hit"))
+        assert brought == full // BLOCK, (before, after)  # every block of the hint, in time
+        assert second.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    finally:
+        gw.stop()
+
+
+def _written(inst: Any) -> int:
+    return int(inst.tierd.stats()["connector"].get("write_through_blocks", 0))

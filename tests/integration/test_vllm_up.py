@@ -56,6 +56,7 @@ def test_up_serves_the_sdk_and_sighup_leaves_no_process(
             assert time.monotonic() < deadline, up.tail()
             time.sleep(0.5)
         assert "precise mode (block size 128, sha256_cbor)" in up.tail(200)
+        assert "(KV connector, shared array" in up.tail(200)  # a tierd beside the engine
         tree = descendants_of(up.proc.pid)
         assert len(tree) >= 4, tree  # the gateway, an API server, its EngineCore and Worker
         c = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
