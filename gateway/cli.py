@@ -14,6 +14,8 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("admin", None): ("gateway.admin_cli:main", "the admin API: instances, stats, drain, ..."),
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
     ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
+    ("bench", "soak"): ("bench.soak:main", "long run at a share of capacity: leaks, TTFT drift"),
+    ("bench", "chaos"): ("bench.chaos:main", "faults injected under a game load, one row each"),
     ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),
     ("bench", "convergence"): (
         "bench.convergence:main",

@@ -3,6 +3,8 @@ never share counters). Prefix `warmgate_`, base units, bounded labels only."""
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Seconds: from a few ms (warm, short prompt) to a minute (cold 100k-token prefill in a queue).
@@ -98,5 +100,18 @@ class GatewayMetrics:
             registry=r,
         )
 
+        # read at scrape time, on the event loop that serves the scrape (a soak's leak check)
+        self.event_loop_tasks = Gauge(
+            "warmgate_event_loop_tasks", "asyncio tasks alive on the gateway's loop.", registry=r
+        )
+        self.event_loop_tasks.set_function(_task_count)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _task_count() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # no running loop (a scrape from another thread)
+        return float("nan")

@@ -1,0 +1,241 @@
+"""A bounded game load for the fault and soak benchmarks: players talking to NPCs (a stable
+system prompt, a history that grows turn by turn and restarts past a bound), as streamed
+chat requests at Poisson arrivals, each recorded: status, time to first token, whether it
+failed before its first byte or mid-stream, whether it was continued, and its text.
+
+A request's answer is checked against the simulated model: the simulator's text is a
+function of the prompt alone, so every instance must answer a given prompt alike. An
+answer is wrong when its stream is malformed (several ids in one stream, an empty answer)
+or, for an answer not continued, when its text differs from what a healthy engine, asked
+directly afterwards, answers to the same prompt (`verify`). A continued answer is checked
+for its shape only: its tail comes from a longer prompt by design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.sim_fleet import MODEL
+
+PERSONA = (
+    "You are Maren, the blacksmith of Northwatch. You speak briefly, you remember every "
+    "traveler who paid you, and you never reveal the location of the old forge. "
+)
+
+
+@dataclass
+class Result:
+    started: float
+    status: int = 0
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    failed_before_first_byte: bool = False
+    failed_mid_stream: bool = False
+    continued: bool = False
+    wrong: str | None = None
+    text: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+    instance: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Player:
+    pid: int
+    history: list[dict[str, str]] = field(default_factory=list)
+    turn: int = 0
+
+    def messages(self, max_turns: int) -> list[dict[str, str]]:
+        if len(self.history) >= 2 * max_turns:
+            self.history = []
+        self.turn += 1
+        line = {"role": "user", "content": f"Player {self.pid}, turn {self.turn}: any news?"}
+        return [{"role": "system", "content": PERSONA * 4}, *self.history, line]
+
+
+class Load:
+    """Open-loop arrivals against one or more gateway URLs (tried in order on failure, as a
+    client with a retry would)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        players: int = 50,
+        max_tokens: int = 24,
+        max_turns: int = 6,
+        seed: int = 7,
+        retry_other: bool = False,
+        max_in_flight: int = 400,
+        keep: bool = True,
+    ) -> None:
+        self.keep = keep  # keep each request's body and text (for `verify`); not in a soak
+        self.urls = list(urls)
+        self.players = [Player(i) for i in range(players)]
+        self.max_tokens = max_tokens
+        self.max_turns = max_turns
+        self.rng = random.Random(seed)
+        self.retry_other = retry_other
+        self.results: list[Result] = []
+        self.shed = 0
+        self._sem = asyncio.Semaphore(max_in_flight)
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=5.0),
+            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=200),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def run(self, rate: float, duration_s: float) -> list[Result]:
+        """Requests at `rate` per second for `duration_s`; waits for the last to end."""
+        tasks: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + duration_s
+        nxt = loop.time()
+        while nxt < end:
+            await asyncio.sleep(max(0.0, nxt - loop.time()))
+            if self._sem.locked():
+                self.shed += 1
+            else:
+                task = asyncio.create_task(self._one(self.rng.choice(self.players)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            nxt += self.rng.expovariate(rate)
+        if tasks:
+            await asyncio.gather(*tasks)
+        return self.results
+
+    async def closed_loop(self, concurrency: int, duration_s: float) -> float:
+        """Completed requests per second with `concurrency` clients always waiting."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + duration_s
+        done = 0
+
+        async def worker(i: int) -> None:
+            nonlocal done
+            while loop.time() < end:
+                await self._one(self.players[i % len(self.players)])
+                done += 1
+
+        started = loop.time()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        return done / (loop.time() - started)
+
+    async def _one(self, player: Player) -> None:
+        async with self._sem:
+            messages = player.messages(self.max_turns)
+            body = {
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": self.max_tokens,
+                "stream": True,
+                "user": f"player-{player.pid}",
+                "ignore_eos": True,
+            }
+            res = Result(started=time.monotonic(), body=body)
+            for i, url in enumerate(self.urls):
+                await self._stream(url, body, res)
+                retryable = res.status == 0 or res.status >= 500
+                if not (self.retry_other and retryable and i + 1 < len(self.urls)):
+                    break
+                if res.ttft_s is not None:
+                    break  # bytes reached the player: a retry would repeat them
+            res.duration_s = time.monotonic() - res.started
+            self._check(res)
+            if res.status == 200 and res.wrong is None:
+                player.history += [messages[-1], {"role": "assistant", "content": res.text}]
+            if not self.keep:
+                res.body, res.text = {}, ""
+            self.results.append(res)
+
+    async def _stream(self, url: str, body: dict[str, Any], res: Result) -> None:
+        res.status, res.error, res.text = 0, None, ""
+        res.failed_before_first_byte = res.failed_mid_stream = False
+        try:
+            async with self._client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                res.status = r.status_code
+                res.instance = r.headers.get("x-warmgate-instance")
+                if r.status_code != 200:
+                    await r.aread()
+                    res.failed_before_first_byte = True
+                    res.error = f"status {r.status_code}"
+                    return
+                await self._read_events(r, res)
+        except httpx.HTTPError as exc:
+            if res.ttft_s is None:
+                res.failed_before_first_byte = True
+            else:
+                res.failed_mid_stream = True
+            res.error = f"{type(exc).__name__}: {exc}"
+
+    async def _read_events(self, r: httpx.Response, res: Result) -> None:
+        ids: set[str] = set()
+        done = False
+        buf = ""
+        async for text in r.aiter_text():
+            buf += text
+            *frames, buf = buf.split("\n\n")
+            for frame in frames:
+                if frame.startswith(":"):
+                    res.continued = res.continued or "warmgate continued" in frame
+                    continue
+                if not frame.startswith("data: "):
+                    continue
+                payload = frame[6:]
+                if payload == "[DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    res.failed_mid_stream = True
+                    res.error = str(chunk["error"].get("message"))
+                    continue
+                ids.add(str(chunk.get("id")))
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece and res.ttft_s is None:
+                        res.ttft_s = time.monotonic() - res.started
+                    res.text += piece
+        if not done and res.error is None:
+            res.failed_mid_stream = True
+            res.error = "no [DONE]"
+        if len(ids) > 1:
+            res.wrong = f"{len(ids)} chunk ids in one stream"
+
+    def _check(self, res: Result) -> None:
+        if res.status == 200 and not res.failed_mid_stream and not res.text:
+            res.wrong = "empty answer"
+
+    async def verify(self, engine_url: str, sample: int = 300) -> int:
+        """Ask a healthy engine directly for (a sample of) the answers served whole and not
+        continued; mark those whose text differs. Returns how many were checked."""
+        served = [
+            r for r in self.results
+            if r.status == 200 and not r.failed_mid_stream and not r.continued and not r.wrong
+        ]  # fmt: skip
+        self.rng.shuffle(served)
+        checked = served[:sample]
+        for res in checked:
+            body = {**res.body, "stream": False}
+            r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
+            text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else None
+            if text != res.text:
+                res.wrong = "text differs from the engine's own answer to the same prompt"
+        return len(checked)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]

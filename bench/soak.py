@@ -1,0 +1,183 @@
+"""`warmgate bench soak`: a long run at a steady share of measured capacity, watching the
+gateway for leaks. On loopback: simulated engines, one gateway; the load is the game load of
+`bench.loadgen` (streamed chat, sessions, growing histories).
+
+1. warm up, then measure capacity: completed requests per second with `--concurrency`
+   clients always waiting (`--capacity-s`);
+2. run Poisson arrivals at `--share` of it for `--minutes`, sampling the gateway every
+   `--sample-s`: RSS and open descriptors (/proc), asyncio tasks (its
+   `warmgate_event_loop_tasks`), the prefix index's entries (`/admin/stats`);
+3. report: RSS growth from the end of the first window to the end (and from the start),
+   descriptors and tasks first vs last, index entries against their bound, TTFT p50/p99 of
+   the first and last windows (`--window-min`), failures.
+
+JSON to `--json`, a Markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import Load, Result, percentile
+from bench.sim_fleet import SimFleet, proc_sample
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="warmgate bench soak", description=__doc__.split("\n")[0])
+    p.add_argument("--json", required=True, help="write the results here")
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--share", type=float, default=0.8, help="of measured capacity")
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--time-scale", type=float, default=0.05)
+    p.add_argument("--players", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--capacity-s", type=float, default=45.0)
+    p.add_argument("--sample-s", type=float, default=15.0)
+    p.add_argument("--window-min", type=float, default=5.0)
+    p.add_argument("--run-dir", default=None)
+    return p.parse_args(list(argv))
+
+
+async def _sample(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str, Any]:
+    base = fleet.gateway_urls[0]
+    out: dict[str, Any] = {"t": time.monotonic(), **proc_sample(fleet.gateways[0].pid)}
+    metrics = (await client.get(f"{base}/metrics")).text
+    for line in metrics.splitlines():
+        if line.startswith("warmgate_event_loop_tasks "):
+            out["tasks"] = float(line.split()[1])
+    index = (await client.get(f"{base}/admin/stats")).json()["router"]["index"]
+    out["index_entries"] = index["entries"]
+    out["index_distinct_blocks"] = index["distinct_blocks"]
+    return out
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _window(results: list[Result], t0: float, t1: float) -> dict[str, Any]:
+    rs = [r for r in results if t0 <= r.started < t1]
+    ttft = [r.ttft_s for r in rs if r.ttft_s is not None]
+    return {
+        "requests": len(rs),
+        "failed": sum(r.status != 200 or r.failed_mid_stream for r in rs),
+        "ttft_p50_s": _round(percentile(ttft, 50)),
+        "ttft_p99_s": _round(percentile(ttft, 99)),
+    }
+
+
+async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
+    base = fleet.gateway_urls[0]
+    load = Load([base], players=args.players, max_tokens=args.max_tokens, keep=False)
+    samples: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        await load.run(rate=5.0, duration_s=10.0)  # warm: connections, the index, the JIT-less
+        capacity = await load.closed_loop(args.concurrency, args.capacity_s)
+        load.results.clear()
+        rate = args.share * capacity
+        print(f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s", flush=True)
+        stop = asyncio.Event()
+
+        async def sampler() -> None:
+            while not stop.is_set():
+                samples.append(await _sample(fleet, client))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), args.sample_s)
+            samples.append(await _sample(fleet, client))
+
+        task = asyncio.create_task(sampler())
+        started = time.monotonic()
+        await load.run(rate=rate, duration_s=args.minutes * 60)
+        ended = time.monotonic()
+        stop.set()
+        await task
+    await load.aclose()
+    win = args.window_min * 60
+    first = [s for s in samples if s["t"] <= started + win]
+    base_rss = first[-1]["rss_bytes"] if first else samples[0]["rss_bytes"]
+    last = samples[-1]
+    results = load.results
+    first_w = _window(results, started, started + win)
+    last_w = _window(results, ended - win, ended + 1)
+    p99_first, p99_last = first_w["ttft_p99_s"], last_w["ttft_p99_s"]
+    settings_capacity = 1_000_000 * args.instances  # routing.index_capacity_blocks default
+    return {
+        "minutes": args.minutes,
+        "capacity_rps": round(capacity, 2),
+        "rate_rps": round(rate, 2),
+        "requests": len(results),
+        "shed_by_client_cap": load.shed,
+        "failed": sum(r.status != 200 or r.failed_mid_stream for r in results),
+        "rss_start_mb": round(samples[0]["rss_bytes"] / 2**20, 1),
+        "rss_after_first_window_mb": round(base_rss / 2**20, 1),
+        "rss_end_mb": round(last["rss_bytes"] / 2**20, 1),
+        "rss_growth_after_first_window_pct": round(100 * (last["rss_bytes"] / base_rss - 1), 2),
+        "rss_growth_from_start_pct": round(
+            100 * (last["rss_bytes"] / samples[0]["rss_bytes"] - 1), 2
+        ),
+        "fds": {"start": samples[0]["fds"], "end": last["fds"],
+                "max": max(s["fds"] for s in samples)},
+        "tasks": {"start": samples[0].get("tasks"), "end": last.get("tasks"),
+                  "max": max(s.get("tasks", 0) for s in samples)},
+        "index_entries": {"end": last["index_entries"],
+                          "max": max(s["index_entries"] for s in samples),
+                          "bound": settings_capacity},
+        "first_window": first_w,
+        "last_window": last_w,
+        "ttft_p99_last_vs_first_pct": None
+        if not (p99_first and p99_last)
+        else round(100 * (p99_last / p99_first - 1), 1),
+        "samples": samples,
+    }  # fmt: skip
+
+
+def markdown(r: dict[str, Any]) -> str:
+    rows = [
+        ("capacity (closed loop) / soak rate, req/s", f"{r['capacity_rps']} / {r['rate_rps']}"),
+        ("requests / failed", f"{r['requests']} / {r['failed']}"),
+        ("RSS start / after first window / end, MB",
+         f"{r['rss_start_mb']} / {r['rss_after_first_window_mb']} / {r['rss_end_mb']}"),
+        ("RSS growth after first window / from start",
+         f"{r['rss_growth_after_first_window_pct']}% / {r['rss_growth_from_start_pct']}%"),
+        ("fds start / end / max", f"{r['fds']['start']} / {r['fds']['end']} / {r['fds']['max']}"),
+        ("asyncio tasks start / end / max",
+         f"{r['tasks']['start']} / {r['tasks']['end']} / {r['tasks']['max']}"),
+        ("index entries end / max / bound",
+         f"{r['index_entries']['end']} / {r['index_entries']['max']} / "
+         f"{r['index_entries']['bound']}"),
+        ("TTFT p50 first / last window, s",
+         f"{r['first_window']['ttft_p50_s']} / {r['last_window']['ttft_p50_s']}"),
+        ("TTFT p99 first / last window, s",
+         f"{r['first_window']['ttft_p99_s']} / {r['last_window']['ttft_p99_s']} "
+         f"({r['ttft_p99_last_vs_first_pct']}%)"),
+    ]  # fmt: skip
+    lines = [f"# soak, {r['minutes']} min", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    out = Path(args.json)
+    run_dir = (
+        Path(args.run_dir) if args.run_dir else out.with_suffix("").with_name(out.stem + "-run")
+    )
+    fleet = SimFleet(run_dir, instances=args.instances, time_scale=args.time_scale).start()
+    try:
+        result = asyncio.run(soak(args, fleet))
+    finally:
+        fleet.stop()
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
