@@ -105,7 +105,8 @@ def wait_http(url: str, timeout_s: float = 60.0, proc: Proc | None = None) -> No
 
 @dataclass
 class SimFleet:
-    """Engines (+ tierds, + Redis) and gateway replicas."""
+    """Engines (+ tierds, + Redis) and gateway replicas. Every engine has the same seed, so
+    any of them answers a prompt with the same text (the benchmarks check answers so)."""
 
     run_dir: Path
     instances: int = 3
@@ -115,6 +116,7 @@ class SimFleet:
     replicas: int = 1
     gateway_settings: dict[str, Any] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()
+    tierd_args: tuple[str, ...] = ()
     engines: list[Proc] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
     tierds: list[Proc] = field(default_factory=list)
@@ -155,7 +157,7 @@ class SimFleet:
                 args = [
                     py, "-m", "tierd.cli", "serve", "--port", str(port), "--instance-id",
                     f"sim-{i}", "--array-dir", str(self.array_dir),
-                    "--snapshot-dir", str(self.run_dir / f"snap-{i}"),
+                    "--snapshot-dir", str(self.run_dir / f"snap-{i}"), *self.tierd_args,
                 ]  # fmt: skip
                 self.tierds.append(Proc(f"tierd-{i}", args, self.run_dir / f"tierd-{i}.log"))
                 self.tierd_urls.append(f"http://127.0.0.1:{port}")
@@ -165,7 +167,7 @@ class SimFleet:
             port = free_port()
             args = [
                 py, "-m", "sim.engine", "--port", str(port), "--instance-id", f"sim-{i}",
-                "--model", MODEL, "--time-scale", str(self.time_scale), "--seed", str(i),
+                "--model", MODEL, "--time-scale", str(self.time_scale), "--seed", "0",
                 *self.engine_args,
             ]  # fmt: skip
             if self.tierd:

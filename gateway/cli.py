@@ -15,6 +15,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
     ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
     ("bench", "soak"): ("bench.soak:main", "long run at a share of capacity: leaks, TTFT drift"),
+    ("bench", "fuzz"): ("bench.fuzz:main", "schema fuzzing and hostile bodies: no 5xx"),
     ("bench", "chaos"): ("bench.chaos:main", "faults injected under a game load, one row each"),
     ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),
     ("bench", "convergence"): (

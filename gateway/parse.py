@@ -159,6 +159,14 @@ def _common(
         max_tokens = _opt_int(body, "max_tokens", 1)
     else:
         _opt_int(body, "max_tokens", 1)
+    seed = body.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63
+    ):  # engines seed a 64-bit generator: anything else is their 500
+        raise bad_request("`seed` must be an integer in the 64-bit signed range.", param="seed")
+    n = _opt_int(body, "n", 1)
+    if n is not None and n > MAX_CHOICES:
+        raise bad_request(f"`n` must be at most {MAX_CHOICES}.", param="n")
     for number in ("temperature", "top_p"):
         value = body.get(number)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -267,6 +275,7 @@ def parse_completion(
     )
 
 
+MAX_CHOICES = 128
 MAX_TOKEN_ID = 2**31  # no vocabulary comes near; larger ids only make engines fail
 
 
