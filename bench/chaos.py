@@ -10,8 +10,9 @@ behind a client that retries on it (restarted).
 
 Per row: requests; failed before the first byte and mid-stream (as the client saw them,
 after its retry where it has one); streams continued; time to detect (the fault visible
-where it should be: the instance unhealthy, `/readyz` shared state down, tierd degraded,
-prefetch hints failing, the client's first refused connection); time to recover (after
+where it should be: the instance unhealthy in the gateway, its `/readyz` shared state down,
+tierd `/readyz` degraded, the gateway's prefetch hints to tierd failing, the gateway
+replica refusing connections); time to recover (after
 the recovery action, until that clears); wrong answers (`bench.loadgen`: malformed, or a
 text the engine does not give to the same prompt); data lost (answers cut without an error
 event, plus KV slices tierd held before the fault and lost or corrupt after it).
@@ -86,12 +87,18 @@ async def _prefetch_failed(fleet: SimFleet, client: httpx.AsyncClient) -> float:
     return 0.0
 
 
-async def tierd_dead(fleet: SimFleet, client: httpx.AsyncClient) -> bool:
-    try:
-        await client.get(f"{fleet.tierd_urls[0]}/livez", timeout=0.5)
-    except httpx.HTTPError:
-        return True
-    return False
+class TierdSeen:
+    """The gateway noticed the dead tierd: a prefetch hint to it failed."""
+
+    def __init__(self) -> None:
+        self.mark: float | None = None
+
+    async def failing(self, fleet: SimFleet, client: httpx.AsyncClient) -> bool:
+        now = await _prefetch_failed(fleet, client)
+        if self.mark is None:
+            self.mark = now  # the first look, right after the kill
+            return False
+        return now > self.mark
 
 
 async def tierd_alive(fleet: SimFleet, client: httpx.AsyncClient) -> bool:
@@ -223,7 +230,7 @@ def faults() -> list[tuple[Fault, Any]]:
     t0: Callable[[SimFleet], Proc | None] = lambda f: f.tierds[0]  # noqa: E731
     rd: Callable[[SimFleet], Proc | None] = lambda f: f.redis_proc  # noqa: E731
     g0: Callable[[SimFleet], Proc | None] = lambda f: f.gateways[0]  # noqa: E731
-    slow, disk = SlowEngine(), DiskFull()
+    slow, disk, seen = SlowEngine(), DiskFull(), TierdSeen()
     tierd = {"tierd": True}
     return [
         (Fault("engine SIGKILL", {}, _sig(e0, signal.SIGKILL), _restart(e0),
@@ -233,7 +240,7 @@ def faults() -> list[tuple[Fault, Any]]:
         (Fault("slow engine (4x)", {}, slow.inject, slow.recover,
                engine_unhealthy, engine_healthy), None),
         (Fault("tierd SIGKILL", tierd, _sig(t0, signal.SIGKILL), _restart(t0),
-               tierd_dead, tierd_alive), None),
+               seen.failing, tierd_alive), None),
         (Fault("Redis SIGKILL", {"redis": True}, _sig(rd, signal.SIGKILL), _restart(rd),
                shared_down, shared_up), None),
         (Fault("Redis SIGSTOP", {"redis": True}, _sig(rd, signal.SIGSTOP),
