@@ -11,7 +11,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.events import MalformedEventError, decode_batch, decode_frames
+from contracts.kv_events import MalformedEventError, decode_batch, decode_frames
 
 msgpack_value = st.recursive(
     st.none()
