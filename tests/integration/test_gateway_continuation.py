@@ -21,7 +21,7 @@ from tests.e2e.fleet import MODEL, Fleet, wait_until
 HEALTH = {"interval_s": 0.2, "timeout_s": 0.3, "failure_threshold": 2, "success_threshold": 1}
 
 
-def body(i: int = 0, tokens: int = 200) -> dict[str, object]:
+def body(i: int = 0, tokens: int = 300) -> dict[str, object]:
     return {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"Tell the tale of the north gate {i}"}],
@@ -64,7 +64,7 @@ def kill_after_first_chunks(fleet: Fleet, sig: int, settings: dict[str, object])
 
 def test_engine_killed_mid_stream_is_continued_seamlessly(tmp_path: Path) -> None:
     settings = {"routing": {"policy": "round_robin"}, "health": HEALTH}
-    fleet = Fleet(tmp_path, 2, time_scale=0.05, settings=settings).start()
+    fleet = Fleet(tmp_path, 2, time_scale=0.3, settings=settings).start()
     try:
         raw = kill_after_first_chunks(fleet, signal.SIGKILL, settings)
         chunks, comments, done = events(raw)
@@ -98,7 +98,7 @@ def test_engine_killed_mid_stream_is_continued_seamlessly(tmp_path: Path) -> Non
 
 def test_without_continuation_the_stream_ends_with_the_error_event(tmp_path: Path) -> None:
     settings = {"routing": {"policy": "round_robin"}, "health": HEALTH, "continue_streams": False}
-    fleet = Fleet(tmp_path, 2, time_scale=0.05, settings=settings).start()
+    fleet = Fleet(tmp_path, 2, time_scale=0.3, settings=settings).start()
     try:
         chunks, comments, done = events(kill_after_first_chunks(fleet, signal.SIGKILL, settings))
         assert done

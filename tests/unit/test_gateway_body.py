@@ -16,7 +16,7 @@ from gateway.parse import ParsedRequest, decode_json_object, parse_chat, upstrea
 ODD = (
     b'{ "stream" : true,  "model":"m", "stream_options": {"include_usage": true},\n'
     b' "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9t\xc3\xa9"}],'
-    b' "seed": 123456789012345678901234567890, "x_unknown": {"k": [1, 2.50, null]} }  '
+    b' "x_big": 123456789012345678901234567890, "x_unknown": {"k": [1, 2.50, null]} }  '
 )
 
 
@@ -37,7 +37,7 @@ def test_stream_without_usage_gets_only_include_usage_added() -> None:
     want = json.loads(raw)
     want["stream_options"] = {"include_usage": True, "other": 1}
     assert sent == want
-    assert sent["seed"] == 123456789012345678901234567890  # exact, not a float
+    assert sent["x_big"] == 123456789012345678901234567890  # exact, not a float
 
 
 def test_non_stream_is_turned_into_a_stream_with_usage_when_stream_upstream() -> None:
