@@ -26,6 +26,10 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
 }
 
 
+# what the lab commands need that the product does not install (the `lab` extra)
+LAB_MODULES = frozenset({"numpy", "matplotlib"})
+
+
 def _usage() -> str:
     lines = ["usage: warmgate <command> [<subcommand>] [options]", "", "commands:"]
     for (cmd, sub), (_, help_text) in COMMANDS.items():
@@ -47,7 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(_usage(), file=sys.stderr)
         return 2
-    func = pkgutil.resolve_name(target)  # our own command module, imported when used
+    try:
+        func = pkgutil.resolve_name(target)  # our own command module, imported when used
+    except ModuleNotFoundError as exc:
+        if exc.name not in LAB_MODULES:
+            raise
+        print(
+            f"warmgate {' '.join(args[:2])} needs the lab extra ({exc.name} is missing): "
+            "pip install 'warmgate[lab]'",
+            file=sys.stderr,
+        )
+        return 2
     result: int = func(rest)
     return result
 

@@ -9,12 +9,11 @@ interval is looked up in it with a binary search, so a batch of n slices costs O
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import operator
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 
 def as_bytes_view(buffer: Any, name: str, *, writable: bool) -> memoryview:
@@ -30,12 +29,43 @@ def as_bytes_view(buffer: Any, name: str, *, writable: bool) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's `Py_buffer` (Include/pybuffer.h), to read a buffer's address."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_PYBUF_SIMPLE = 0
+
+
 def address_of(view: memoryview) -> int:
-    """The address of a byte view's first byte (0 for an empty view)."""
+    """The address of a byte view's first byte (0 for an empty view), read through the
+    buffer protocol (read-only views too, no copy)."""
     if view.nbytes == 0:
         return 0
-    addr: int = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
-    return addr
+    buf = _PyBuffer()
+    if _get_buffer(view, ctypes.byref(buf), _PYBUF_SIMPLE) != 0:
+        raise TypeError("not a buffer")
+    try:
+        return int(buf.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(buf))
 
 
 def int_list(values: Sequence[int], name: str) -> list[int]:
