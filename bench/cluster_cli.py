@@ -3,7 +3,7 @@ per routing policy and compare them. The trace is Mooncake-format JSONL, or an A
 inference CSV (`.csv`: real arrivals and lengths, no prefix identity, so every request gets
 blocks of its own and the comparison is of load balancing alone).
 
-Writes JSON (per policy: `token_hit_rate`, `hit_rate_by_tier` {L1, L2, array},
+Writes JSON (per policy: `token_hit_rate`, `hit_rate_by_tier` {hbm, host, array},
 `ttft_p50_s` / `ttft_p90_s` / `ttft_p99_s`, `tpot_p50_s` / `tpot_p90_s` / `tpot_p99_s` (time
 per output token after the first), `load_imbalance` (max / mean requests per
 instance), `requests`, utilisation and concurrency per instance; plus
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.cluster.metrics import distinct_tokens, upper_bound_token_hit_rate
-from sim.cluster.runner import run_policy
+from sim.cluster.runner import Prior, run_policy
 from sim.cluster.simulator import ClusterConfig
 from sim.profiles import DEFAULT_PROFILE, get_profile
 from sim.traces import TraceRequest, check_block_counts, load_trace
@@ -51,13 +51,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (policies in parallel)")
+    p.add_argument(
+        "--prior",
+        choices=("generic", "oracle"),
+        default="generic",
+        help="where ttft's cost model starts: its generic prior (as deployed), or the "
+        "simulated profile itself (oracle)",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
     return p
 
 
-def _one(trace_path: str, limit: int | None, config: ClusterConfig, policy: str) -> dict[str, Any]:
+def _one(
+    trace_path: str, limit: int | None, config: ClusterConfig, policy: str, prior: Prior
+) -> dict[str, Any]:
     trace = load_trace(trace_path, block_tokens=config.block_tokens, limit=limit)
-    return run_policy(trace, config, policy)
+    return run_policy(trace, config, policy, prior=prior)
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -113,11 +122,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_policy: dict[str, dict[str, Any]] = {}
     if args.jobs > 1 and len(policies) > 1:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(policies))) as pool:
-            futures = {p: pool.submit(_one, args.trace, args.limit, config, p) for p in policies}
+            futures = {
+                p: pool.submit(_one, args.trace, args.limit, config, p, args.prior)
+                for p in policies
+            }
             per_policy = {p: f.result() for p, f in futures.items()}
     else:
         for p in policies:
-            per_policy[p] = run_policy(trace, config, p)
+            per_policy[p] = run_policy(trace, config, p, prior=args.prior)
     span_ms = trace[-1].timestamp_ms - trace[0].timestamp_ms
     return {
         "trace": str(args.trace),
@@ -131,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate_scale": args.rate_scale,
             "array_write_through": args.array_write_through,
             "limit": args.limit,
-            "index_feed": "predict-on-route + residency events (L1/L2/array stored/removed)",
+            "ttft_prior": args.prior,
+            "index_feed": "predict-on-route + residency events (HBM/host/array stored/removed)",
         },
         "trace_requests": len(trace),
         "trace_span_s": span_ms / 1000.0 / args.rate_scale,
