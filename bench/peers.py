@@ -28,19 +28,18 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import yaml
+
+from gateway.engines.process import ProcessTree, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
@@ -116,25 +115,17 @@ def dynamo_missing(python: Path) -> str:
 
 
 class Proc:
-    """A child process in its own process group, its output in a log file."""
+    """A child process (`gateway.engines.process.ProcessTree`: a session of its own, its
+    whole tree stopped), its output in a log file."""
 
     def __init__(self, name: str, args: Sequence[str], log: Path, env: dict[str, str]) -> None:
         self.name, self.args, self.log_path = name, list(args), log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            self.args,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-            start_new_session=True,
-        )
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        self.tree = ProcessTree.start(name, self.args, log, env=full_env)
+        self.proc = self.tree.proc
 
     def tail(self, n: int = 30) -> str:
-        self._log.flush()
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return self.tree.tail(n)
 
     @classmethod
     async def spawn(
@@ -145,38 +136,10 @@ class Proc:
 
     async def wait_http(self, url: str, timeout_s: float = 60.0, expect: int = 200) -> None:
         """Poll `url` until it answers `expect`; raise with the log's tail if it never does."""
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    tail = await asyncio.to_thread(self.tail)
-                    raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{tail}")
-                try:
-                    r = await client.get(url)
-                    if r.status_code == expect:
-                        return
-                    last = f"status {r.status_code}"
-                except httpx.HTTPError as exc:
-                    last = repr(exc)
-                await asyncio.sleep(0.2)
-        tail = await asyncio.to_thread(self.tail)
-        raise TimeoutError(f"{self.name}: {url} not ready after {timeout_s}s ({last}):\n{tail}")
-
-    def _stop_sync(self, timeout_s: float) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
+        await asyncio.to_thread(wait_http, self.tree, url, timeout_s, expect)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        await asyncio.to_thread(self._stop_sync, timeout_s)
+        await asyncio.to_thread(self.tree.stop, timeout_s)
 
 
 @dataclass(frozen=True, slots=True)

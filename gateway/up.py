@@ -20,18 +20,19 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
-import httpx
 import yaml
+
+from gateway.engines.process import ProcessTree
+from gateway.engines.process import wait_http as wait_for
 
 DEFAULT_MODEL = "sim-qwen2.5-32b"
 DEFAULT_PROFILE = "qwen2.5-32b-h200"
@@ -139,45 +140,29 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class Child:
-    """One supervised process, in its own session, logging to a file."""
+    """One supervised process (`gateway.engines.process.ProcessTree`: a session of its own,
+    its whole tree stopped), logging to a file."""
 
     name: str
     args: list[str]
     log_path: Path
     drop_env: tuple[str, ...] = ()  # variables the child must not inherit
-    proc: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = field(default=None, repr=False)
+    tree: ProcessTree | None = None
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        self.tree = ProcessTree.start(self.name, self.args, self.log_path, env=env)
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.tree is not None and self.tree.alive()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self.tree is not None:
+            self.tree.stop(timeout_s)
 
     def tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return self.tree.tail(n) if self.tree is not None else ""
 
 
 class Interrupted(Exception):
@@ -185,26 +170,9 @@ class Interrupted(Exception):
 
 
 def wait_http(child: Child, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            if not child.alive():
-                raise RuntimeError(
-                    f"{child.name} exited early; log {child.log_path}:\n{child.tail()}"
-                )
-            try:
-                resp = client.get(url)
-                if resp.status_code == 200:
-                    return
-                last = f"status {resp.status_code}"
-            except httpx.HTTPError as exc:
-                last = type(exc).__name__
-            time.sleep(0.2)
-    raise RuntimeError(
-        f"{child.name} did not answer {url} within {timeout_s:.0f}s ({last}); "
-        f"log {child.log_path}:\n{child.tail()}"
-    )
+    if child.tree is None:
+        raise RuntimeError(f"{child.name} was not started")
+    wait_for(child.tree, url, timeout_s)
 
 
 def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, tierds: bool) -> str:

@@ -17,6 +17,11 @@ API:
 - `tree.stop(timeout_s)` -> SIGTERM the group, wait, SIGKILL what is left (group + pids)
 - `tree.kill_all()` -> SIGKILL the leader and every descendant now (a crash, for tests)
 - `tree.kill_leader(sig)` -> signal the leader only (what a crash of one process looks like)
+- `wait_http(tree, url, timeout_s)` -> poll until `url` answers, raising with the log's tail
+  if the child exits first or never answers
+
+The one supervisor: `warmgate up` (gateway/up.py), the benchmarks' fleets (bench/peers.py)
+and the tests' processes (tests/support/procs.py) all start and stop children through it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+import httpx
 
 PR_SET_PDEATHSIG = 1
 
@@ -170,6 +177,11 @@ class ProcessTree:
         self._wait_gone(5.0)
         self._close_log()
 
+    def take_log(self) -> IO[bytes] | None:
+        """Hand the open log over (to a subclass built around this tree)."""
+        log, self._log = self._log, None
+        return log
+
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
@@ -205,3 +217,27 @@ class ProcessTree:
         except OSError:
             return ""
         return "\n".join(lines[-n:])
+
+
+def wait_http(tree: ProcessTree, url: str, timeout_s: float, expect: int = 200) -> None:
+    """Poll `url` (sync: call it off the event loop) until it answers `expect`; raise with
+    the log's tail if the child exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if not tree.alive():
+            raise RuntimeError(
+                f"{tree.name} exited {tree.returncode}; log {tree.log_path}:\n{tree.tail()}"
+            )
+        try:
+            r = httpx.get(url, timeout=1.0, trust_env=False)
+            if r.status_code == expect:
+                return
+            last = f"status {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise TimeoutError(
+        f"{tree.name}: {url} not ready after {timeout_s:g}s ({last}); "
+        f"log {tree.log_path}:\n{tree.tail()}"
+    )

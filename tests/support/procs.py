@@ -1,4 +1,6 @@
-"""Start real processes on loopback and wait until they answer; stop them for sure."""
+"""Start real processes on loopback and wait until they answer; stop them for sure. The
+processes are `gateway.engines.process.ProcessTree`s, the supervisor `warmgate up` and the
+benchmarks use too."""
 
 from __future__ import annotations
 
@@ -7,11 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
+from gateway.engines.process import ProcessTree, wait_http
 
 
 def free_port() -> int:
@@ -21,61 +22,28 @@ def free_port() -> int:
         return port
 
 
-class ManagedProcess:
-    """A child process (its own process group) whose output goes to a log file."""
+class ManagedProcess(ProcessTree):
+    """A child process (a session of its own) whose output goes to a log file."""
 
     def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None):
         self.args = list(args)
-        self.log_path = log_path
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            self.args,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-        )
+        started = ProcessTree.start(Path(self.args[0]).name, self.args, log_path, env=full_env)
+        super().__init__(started.name, started.proc, log_path, started.take_log())
 
     def wait_http(self, url: str, timeout_s: float = 30.0, expect: int = 200) -> None:
-        """Poll `url` until it answers `expect`; raise with the log's tail if it never does."""
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.args[:4]} exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                r = httpx.get(url, timeout=1.0)
-                if r.status_code == expect:
-                    return
-                last = f"status {r.status_code}"
-            except httpx.HTTPError as exc:
-                last = repr(exc)
-            time.sleep(0.1)
-        raise TimeoutError(f"{url} not ready after {timeout_s}s ({last}):\n{self.tail()}")
-
-    def tail(self, n: int = 40) -> str:
-        self._log.flush()
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
+        wait_http(self, url, timeout_s, expect)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group at once (a crash, a freeze) and reap the leader."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=10)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
 
 
 def python_module(module: str, *args: str) -> list[str]:
