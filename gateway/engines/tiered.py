@@ -44,9 +44,11 @@ def kv_block_bytes(model_dir: Path, block_size: int, dtype_bytes: int = 4) -> in
     return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes * block_size
 
 
-def connector_config(socket: Path, stats_dir: Path | None, load: str = "sync") -> str:
+def connector_config(
+    socket: Path, stats_dir: Path | None, load: str = "sync", lookup: str = "sync"
+) -> str:
     """The engine's `--kv-transfer-config` for tierd's connector."""
-    extra: dict[str, Any] = {"socket": str(socket), "load": load}
+    extra: dict[str, Any] = {"socket": str(socket), "load": load, "lookup": lookup}
     if stats_dir is not None:
         extra["stats_dir"] = str(stats_dir)
     return json.dumps(
@@ -69,6 +71,8 @@ class TieredConfig:
     l1_bytes: int = 512 * 1024 * 1024
     load: str = "sync"  # the connector's load mode: sync | async
     loads: tuple[str, ...] = ()  # per engine, overriding `load` (tests run one of each)
+    lookup: str = "sync"  # the connector's lookup mode: sync | async (off the loop)
+    lookups: tuple[str, ...] = ()  # per engine, overriding `lookup`
     python: str = sys.executable  # tierd's interpreter (this environment)
     # Residency events: each tierd publishes on ipc://<run_dir>/tierd-<i>.events and, with a
     # Redis, into the pool's stream, which the gateway's index reads (state backend redis).
@@ -162,6 +166,7 @@ class TieredInstance:
                     self.tierd.socket,
                     self.stats_dir,
                     cfg.loads[index] if index < len(cfg.loads) else cfg.load,
+                    cfg.lookups[index] if index < len(cfg.lookups) else cfg.lookup,
                 ),
             ],
             extra_env={**fc.extra_env, "PYTHONPATH": str(REPO_ROOT)},

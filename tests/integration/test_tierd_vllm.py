@@ -48,6 +48,7 @@ def fleet(session_fleets: FleetSlot) -> TieredFleet:
                 ),
                 l1_bytes=256 * 1024 * 1024,
                 loads=("sync", "async"),  # B loads in a thread while its request waits
+                lookups=("sync", "async"),  # and looks up off vLLM's scheduler loop
             )
         )
 
@@ -128,6 +129,8 @@ def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
     stats = b.stats()
     assert stats["loaded_blocks"] >= full // BLOCK
     assert stats["lookup_rtt_samples"] >= 1
+    assert stats["lookups_deferred"] >= 1  # B looked up off the scheduler loop
+    assert "lookups_deferred" not in fleet.instances[0].stats()  # A on it
 
 
 def test_engine_a_loads_synchronously_what_engine_b_computed(fleet: TieredFleet) -> None:

@@ -11,6 +11,8 @@ failure — a slice missing, corrupt, or tierd gone — is reported as failed bl
 ``kv_load_failure_policy: recompute`` vLLM recomputes them; nothing is ever guessed.
 
 Extra config: ``socket`` (tierd's KV socket, required), ``load`` (``sync`` | ``async``),
+``lookup`` (``sync``: one blocking round trip on the scheduler loop; ``async``: in a thread,
+answering vLLM "not yet" (None) until it is back, so a slow tierd never stalls the loop),
 ``stats_dir`` (JSON counters: ``scheduler-<pid>.json``, ``worker-<pid>.json``),
 ``namespace`` (override; default: model, dtype, block size, hash algorithm, hash seed).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -88,6 +91,7 @@ class TierdConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.socket = str(extra["socket"])
         self.async_load = str(extra.get("load", "sync")) == "async"
+        async_lookup = str(extra.get("lookup", "sync")) == "async"
         self.namespace = str(extra.get("namespace") or namespace_of(vllm_config))
         self.block_size = int(vllm_config.cache_config.block_size)
         stats_dir = extra.get("stats_dir")
@@ -103,6 +107,11 @@ class TierdConnector(KVConnectorBase_V1):
         self._pending: dict[str, list[tuple[int, int]]] = {}
         self._rtt_us: deque[float] = deque(maxlen=RTT_SAMPLES)
         self.link = Link(self.socket, self.namespace, side, self.counters)
+        self._lookup_lock = threading.Lock()  # the link is used by one thread at a time
+        self._lookup_pool: ThreadPoolExecutor | None = None
+        if async_lookup and role == KVConnectorRole.SCHEDULER:
+            self._lookup_pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-lookup")
+        self._lookups: dict[str, tuple[tuple[int, int], Future[tuple[int, dict[str, int]]]]] = {}
         # worker side
         self.mover: BlockMover | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -136,23 +145,42 @@ class TierdConnector(KVConnectorBase_V1):
         self._plans[rid] = plan
         if stop <= start or request.skip_reading_prefix_cache:
             return 0, False
-        if self.link.get() is None:
-            self.counters["lookup_unavailable"] += 1
-            return 0, False
-        t0 = time.perf_counter()
-        try:
-            _, answer = self.link.call({"op": "lookup", "hashes": keys[start:stop]})
-        except KvSocketError:
-            self.counters["lookup_errors"] += 1
-            return 0, False
-        self._rtt_us.append((time.perf_counter() - t0) * 1e6)
-        n = int(answer["n"])
-        plan.ext_blocks, plan.tiers = n, dict(answer.get("tiers") or {})
-        self.counters["lookups"] += 1
-        self.counters["lookup_hit_blocks"] += n
-        if len(self._rtt_us) % 64 == 0:
-            self._write_stats()
+        if self._lookup_pool is None:
+            n, tiers = self._lookup(keys[start:stop])
+        else:  # off the scheduler loop: vLLM asks again next step while we return None
+            pending = self._lookups.get(rid)
+            if pending is None or pending[0] != (start, stop):
+                fut = self._lookup_pool.submit(self._lookup, keys[start:stop])
+                self._lookups[rid] = ((start, stop), fut)
+                self.counters["lookups_deferred"] += 1
+                return None, False
+            if not pending[1].done():
+                return None, False
+            del self._lookups[rid]
+            n, tiers = pending[1].result()
+        plan.ext_blocks, plan.tiers = n, tiers
         return n * self.block_size, self.async_load and n > 0
+
+    def _lookup(self, hashes: list[int]) -> tuple[int, dict[str, int]]:
+        """One round trip: the leading run tierd holds and its split by tier ((0, {}) when
+        tierd cannot answer: the engine computes)."""
+        with self._lookup_lock:
+            if self.link.get() is None:
+                self.counters["lookup_unavailable"] += 1
+                return 0, {}
+            t0 = time.perf_counter()
+            try:
+                _, answer = self.link.call({"op": "lookup", "hashes": hashes})
+            except KvSocketError:
+                self.counters["lookup_errors"] += 1
+                return 0, {}
+            self._rtt_us.append((time.perf_counter() - t0) * 1e6)
+            n = int(answer["n"])
+            self.counters["lookups"] += 1
+            self.counters["lookup_hit_blocks"] += n
+            if len(self._rtt_us) % 64 == 0:
+                self._write_stats()
+            return n, dict(answer.get("tiers") or {})
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
@@ -212,7 +240,7 @@ class TierdConnector(KVConnectorBase_V1):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        for d in (self._reqs, self._plans, self._keys, self._pending):
+        for d in (self._reqs, self._plans, self._keys, self._pending, self._lookups):
             d.pop(rid, None)
         return False, None
 
@@ -294,6 +322,8 @@ class TierdConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        if self._lookup_pool is not None:
+            self._lookup_pool.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self.mover is not None:
