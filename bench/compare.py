@@ -179,7 +179,8 @@ async def run_gateway(
         poller = MetricsPoller(fleet.engines, interval_s=1.0)
         await poller.start()
         loads: list[float] = []
-        sampler = asyncio.create_task(_sample_load(loads))
+        servers: list[int] = []
+        sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
         t0 = time.perf_counter()
         records = await replay(
             gw.base_url, items, model=fleet.model, compress=args.compress,
@@ -196,14 +197,33 @@ async def run_gateway(
     # the machine's 1-minute load average during the replay: on a shared machine other
     # work competes for the engines' cores, and differently in each gateway's run
     summary["machine_load_mean"] = round(sum(loads) / len(loads), 2) if loads else None
+    if servers:  # every vLLM engine on the machine, this run's included
+        summary["vllm_servers_on_machine_max"] = max(servers)
     ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
     return summary, ttfts, poller.requests_over_time()
 
 
-async def _sample_load(out: list[float], every_s: float = 2.0) -> None:
+async def _sample_load(
+    out: list[float], engines: list[int] | None = None, every_s: float = 2.0
+) -> None:
     while True:
         out.append(os.getloadavg()[0])
+        if engines is not None:
+            engines.append(await asyncio.to_thread(_vllm_servers))
         await asyncio.sleep(every_s)
+
+
+def _vllm_servers() -> int:
+    """vLLM API servers running on this machine now (ours and anyone else's)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    n += b"vllm.entrypoints.openai.api_server" in f.read()
+            except OSError:
+                continue
+    return n
 
 
 def _prompt_range(gateways: dict[str, Any], tmp: Path) -> dict[str, int] | None:
