@@ -9,7 +9,9 @@ killed alone, the API server leaves both alive (holding the KV-events socket and
 So `stop()` signals the whole process group and then, by pid, every descendant seen before
 the signal (one that moved to a session of its own is still reached). Each child also gets
 `PR_SET_PDEATHSIG = SIGTERM`: if the supervisor itself dies without stopping it (SIGKILL,
-a crash), the kernel sends the child SIGTERM and it shuts its own tree down.
+a crash), the kernel sends the child SIGTERM and it shuts its own tree down. The kernel
+ties that to the *thread* that started the child: start trees from a thread that lives as
+long as they should (the main thread; not a short-lived worker).
 
 API:
 - `tree.pid`, `tree.alive()`, `tree.returncode`, `tree.tail(n)` (the log's last lines)
