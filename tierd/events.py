@@ -90,6 +90,10 @@ class EventPublisher:
         self._redis: aioredis.Redis | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # One flush at a time: a flush that finds the queue empty must not return while
+        # another still has a batch in flight (close() and callers rely on that).
+        self._flush_lock = asyncio.Lock()
+        self._closing = False
 
     @property
     def enabled(self) -> bool:
@@ -110,9 +114,11 @@ class EventPublisher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Let the publisher finish the batch it is sending: cancelling it mid-XADD lost
+            # that batch (its events had already left the queue).
+            self._closing = True
+            self._wake.set()
+            await self._task
             self._task = None
         await self.flush()
         if self._sock is not None:
@@ -153,13 +159,17 @@ class EventPublisher:
     # -- publishing ----------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
             self._wake.clear()
             await self.flush()
 
     async def flush(self) -> None:
+        async with self._flush_lock:
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
         while self._pending:
             events = self._pending[: self.max_batch_events]
             del self._pending[: self.max_batch_events]

@@ -91,6 +91,8 @@ async def test_corrupt_array_slice_is_quarantined_reported_and_never_served(
     import msgpack
     import redis.asyncio as aioredis
 
+    from contracts.redis_keys import stream_key
+
     pool = f"t{random.getrandbits(48):x}"
     async with running(make_settings(tmp_path, redis_url=redis_url, pool=pool)) as d:
         await put_chain(d, [11, 12])
@@ -108,8 +110,8 @@ async def test_corrupt_array_slice_is_quarantined_reported_and_never_served(
         await d.events.flush()
     r = aioredis.Redis.from_url(redis_url)
     try:
-        entries = await r.xrange(f"warmgate:{{{pool}}}:events")
-        await r.delete(f"warmgate:{{{pool}}}:events")
+        entries = await r.xrange(stream_key(pool))
+        await r.delete(stream_key(pool))
     finally:
         await r.aclose()
     removed = [
