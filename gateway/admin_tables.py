@@ -3,6 +3,7 @@ columns, widths from the content)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,11 +44,21 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]
     return out
 
 
+_WALL_KEYS = ("since", "last_check", "scraped_at", "written_at")
+
+
+def _wall(key: str, value: Any) -> Any:
+    """Unix times (the admin API's `since`, `last_check`, ...) as UTC clock times."""
+    if key.rsplit(".", 1)[-1] in _WALL_KEYS and isinstance(value, int | float) and value > 1e9:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+    return value
+
+
 def kv_table(data: Any) -> str:
     """Any JSON object as `key  value` lines, nested keys joined by dots."""
     if not isinstance(data, Mapping):
         return _cell(data)
-    return table(["key", "value"], _flatten(data))
+    return table(["key", "value"], [(k, _wall(k, v)) for k, v in _flatten(data)])
 
 
 def instances_table(data: Any) -> str:
