@@ -224,12 +224,18 @@ class Load:
         ]  # fmt: skip
         self.rng.shuffle(served)
         checked = served[:sample]
-        for res in checked:
-            body = {**res.body, "stream": False}
-            r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
-            text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else None
+        gate = asyncio.Semaphore(16)
+
+        async def one(res: Result) -> None:
+            async with gate:
+                body = {**res.body, "stream": False}
+                r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
+            ok = r.status_code == 200
+            text = r.json()["choices"][0]["message"]["content"] if ok else None
             if text != res.text:
                 res.wrong = "text differs from the engine's own answer to the same prompt"
+
+        await asyncio.gather(*(one(r) for r in checked))
         return len(checked)
 
 

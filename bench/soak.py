@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
         "requests": len(results),
         "shed_by_client_cap": load.shed,
         "failed": sum(r.status != 200 or r.failed_mid_stream for r in results),
+        "failures": dict(Counter(r.error for r in results if r.error).most_common(10)),
         "rss_start_mb": round(samples[0]["rss_bytes"] / 2**20, 1),
         "rss_after_first_window_mb": round(base_rss / 2**20, 1),
         "rss_end_mb": round(last["rss_bytes"] / 2**20, 1),

@@ -60,6 +60,7 @@ def _parse_hash(text: str) -> int | None:
     return value if 0 <= value <= U64 else None
 
 
+MAX_TOKENS = 1 << 32  # a slice header stores its token count in 32 bits
 DEGRADED_FOR_S = 60.0  # /readyz says degraded this long after an evicted slice was lost
 
 
@@ -127,10 +128,10 @@ def create_app(settings: TierdSettings) -> FastAPI:
         block_hash: str,
         request: Request,
         parent: Annotated[int | None, Query(ge=0, le=U64)] = None,
-        tokens: Annotated[int | None, Query(ge=0)] = None,
+        tokens: Annotated[int | None, Query(ge=0, lt=MAX_TOKENS)] = None,
         session: str | None = None,
         x_tierd_parent: Annotated[int | None, Header(ge=0, le=U64)] = None,
-        x_tierd_tokens: Annotated[int | None, Header(ge=0)] = None,
+        x_tierd_tokens: Annotated[int | None, Header(ge=0, lt=MAX_TOKENS)] = None,
         x_tierd_session: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
         h = _parse_hash(block_hash)
