@@ -92,7 +92,7 @@ def create_app(settings: TierdSettings) -> FastAPI:
         ready = d.store.ready
         body: dict[str, Any] = {"ready": ready, "error": d.open_error}
         # still serving (L1, reads) but losing what it evicts: ready, and says it is degraded
-        last = d.store.last_drop_at
+        last = d.store.drops.last_at
         recent = last is not None and d.store.clock() - last < DEGRADED_FOR_S
         body["degraded"] = recent
         body["array_writes"] = {

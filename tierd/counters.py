@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
+
+log = logging.getLogger("tierd.store")
 
 DIRECTIONS = (
     "put",
@@ -59,3 +62,27 @@ class ThroughputMeter:
 
     def __len__(self) -> int:
         return len(self._samples)
+
+
+class DropLog:
+    """Evicted slices lost because the array could not take them: when it last happened
+    (for `/readyz`), and one warning line per `every_s` with the count."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.last_at: float | None = None
+        self._every_s = every_s
+        self._logged_at = -1e18
+        self._unlogged = 0
+
+    def note(self, n: int, now: float, total: int) -> None:
+        if not n:
+            return
+        self.last_at = now
+        self._unlogged += n
+        if now - self._logged_at >= self._every_s:
+            log.warning(
+                "array full or failing: %d evicted slices dropped (%d in all)",
+                self._unlogged,
+                total,
+            )
+            self._logged_at, self._unlogged = now, 0

@@ -28,7 +28,7 @@ from typing import Any
 
 from contracts.errors import InputError
 from tierd import events as ev
-from tierd.counters import StoreCounters, ThroughputMeter
+from tierd.counters import DropLog, StoreCounters, ThroughputMeter
 from tierd.emulation import Emulator
 from tierd.events import EventPublisher
 from tierd.eviction import AccessHistory, LruK
@@ -62,9 +62,7 @@ class TieredStore:
         self.events = events
         self.clock = clock
         self.counters = StoreCounters()
-        self.last_drop_at: float | None = None  # clock time a victim was last lost
-        self._drop_logged_at = -1e18
-        self._unlogged_drops = 0
+        self.drops = DropLog()  # victims the array could not take
         self.history = AccessHistory(settings.lru_k, settings.history_entries)
         self.sessions = SessionTracker(settings.session_ttl_s, settings.max_sessions, clock)
         self.emulator = Emulator(
@@ -269,21 +267,6 @@ class TieredStore:
                 self.events.stored(ev.GPU, [meta.hash], meta.parent, meta.tokens)
         return [m.hash for m, _ in items if m.hash in self.l1]
 
-    def _note_drops(self, n: int) -> None:
-        """Victims that could not be written down are lost: say so (one line per 10 s)."""
-        if not n:
-            return
-        now = self.clock()
-        self.last_drop_at = now
-        self._unlogged_drops += n
-        if now - self._drop_logged_at >= 10.0:
-            log.warning(
-                "array full or failing: %d evicted slices dropped (%d in all)",
-                self._unlogged_drops,
-                self.counters.write_failures,
-            )
-            self._drop_logged_at, self._unlogged_drops = now, 0
-
     def _gate(self, h: int, sticky: bool) -> bool:
         return sticky or self.history.count(h) >= 2
 
@@ -317,7 +300,7 @@ class TieredStore:
                     self.events.stored(ev.ARRAY, [meta.hash], meta.parent, meta.tokens)
                 else:
                     self.counters.write_failures += 1
-            self._note_drops(ok.count(False))
+            self.drops.note(ok.count(False), self.clock(), self.counters.write_failures)
             freed: list[int] = []
             for h in victims:
                 if self.l1.free(h) is not None:
