@@ -25,7 +25,8 @@ from gateway.engine_load import attach_engine_load
 from gateway.errors import install_error_handlers
 from gateway.fleet import attach_fleet
 from gateway.fleet_api import build_fleet_router
-from gateway.h1pool import H1Pool, Timeouts
+from gateway.h1_types import Timeouts
+from gateway.h1pool import H1Pool
 from gateway.health import HealthChecker
 from gateway.kv_capacity import run_discovery
 from gateway.kv_events import attach_kv_events

@@ -23,264 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass
-from typing import cast
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Mapping
 
-import httptools
-
-from contracts.errors import UpstreamError as WarmgateUpstreamError
-
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
-
-
-class UpstreamError(WarmgateUpstreamError):
-    """The upstream request failed (the HTTP/1.1 pool's own failures)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    pass
-
-
-class UpstreamConnectError(UpstreamError):
-    pass
-
-
-class UpstreamLocalError(UpstreamError):
-    """The gateway itself ran out (file descriptors, buffers): no fault of the engine's."""
-
-
-_LOCAL_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-
-
-class UpstreamReadError(UpstreamError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect_s: float
-    read_s: float
-    write_s: float
-    pool_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where a request goes, parsed once per (instance, path)."""
-
-    host: str
-    port: int
-    host_header: bytes
-    path: bytes
-
-    @classmethod
-    def parse(cls, url: str) -> Target:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http:// URLs are proxied, not {url!r}")
-        port = parts.port or 80
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        return cls(parts.hostname, port, parts.netloc.encode("idna"), path.encode("ascii"))
-
-
-class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection: one response at a time, read through a parser."""
-
-    def __init__(self, pool: H1Pool, key: tuple[str, int]) -> None:
-        self.pool = pool
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.reusable = False  # set when a response ended cleanly with keep-alive
-        self.closed = False
-        self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
-        self._waiter: asyncio.Future[None] | None = None
-        self._write_ready: asyncio.Future[None] | None = None
-        self._error: UpstreamError | None = None
-        self._headers: list[tuple[str, str]] = []
-        self._head_done = False
-        self._complete = False
-        self._body: deque[bytes] = deque()
-        self._buffered = 0
-        self._paused = False
-
-    # --- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(UpstreamReadError("unexpected protocol upgrade"))
-        except httptools.HttpParserError as exc:
-            self._fail(UpstreamReadError(f"malformed response: {exc}"))
-        else:
-            self._wake()
-
-    def eof_received(self) -> bool | None:
-        self._lost(None)
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(exc)
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._write_ready = self._loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_result(None)
-        self._write_ready = None
-
-    # --- httptools callbacks ---------------------------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
-
-    def on_headers_complete(self) -> None:
-        self._head_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-        self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-
-    def on_message_complete(self) -> None:
-        self._complete = True
-        self.reusable = self._parser.should_keep_alive()
-
-    # --- state -----------------------------------------------------------------------------
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def _fail(self, error: UpstreamError) -> None:
-        if self._error is None:
-            self._error = error
-        self.reusable = False
-        self.close()
-        self._wake()
-
-    def _lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.reusable = False
-        if self._complete or self._error is not None:
-            self._wake()
-            return
-        if self._head_done and not self._framed():
-            self._complete = True  # a body delimited by the end of the connection
-        elif not self._head_done:
-            detail = f": {exc}" if exc else ""
-            self._error = UpstreamConnectError(f"the server closed the connection{detail}")
-        else:
-            self._error = UpstreamReadError("the server closed the connection mid-response")
-        self._wake()
-
-    def _framed(self) -> bool:
-        return any(n in ("content-length", "transfer-encoding") for n, _ in self._headers)
-
-    async def _wait(self, timeout_s: float, what: str) -> None:
-        """Until the parser has something new, the connection failed or `timeout_s` passed
-        (a bare timer: asyncio.timeout() costs several times more per wait)."""
-        waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout_s, self._time_out, waiter, timeout_s, what)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-    def _time_out(self, waiter: asyncio.Future[None], timeout_s: float, what: str) -> None:
-        if not waiter.done():
-            self._fail(UpstreamTimeout(f"no {what} within {timeout_s:g} s"))
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    # --- one exchange ----------------------------------------------------------------------
-    async def send(self, head: bytes, body: bytes, timeouts: Timeouts) -> None:
-        assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
-        self._headers, self._head_done, self._complete = [], False, False
-        self.reusable = False
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)  # no copy of a big body into the head
-        if self._write_ready is not None:
-            try:
-                async with asyncio.timeout(timeouts.write_s):
-                    await self._write_ready
-            except TimeoutError:
-                self._fail(UpstreamTimeout(f"the body was not taken within {timeouts.write_s:g} s"))
-        while not self._head_done and self._error is None:
-            await self._wait(timeouts.read_s, "response")
-        if self._error is not None:
-            raise self._error
-
-    def status(self) -> int:
-        return self._parser.get_status_code()
-
-    def headers(self) -> list[tuple[str, str]]:
-        return self._headers
-
-    async def next_chunk(self, read_s: float) -> bytes:
-        """The next piece of the body; b"" at its end."""
-        while not self._body:
-            if self._error is not None:
-                raise self._error
-            if self._complete:
-                return b""
-            await self._wait(read_s, "data")
-        chunk = self._body.popleft()
-        self._buffered -= len(chunk)
-        if self._paused and self._buffered < LOW_WATER and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
-        return chunk
-
-    def finished(self) -> bool:
-        return self._complete and not self._body and self._error is None
-
-
-class Headers(Mapping[str, str]):
-    """Response headers, names lower-cased; a repeated header reads as its values joined
-    with ", " (as httpx does)."""
-
-    def __init__(self, items: list[tuple[str, str]]) -> None:
-        self._items = items
-        self._map: dict[str, str] = {}
-        for name, value in items:
-            self._map[name] = f"{self._map[name]}, {value}" if name in self._map else value
-
-    def __getitem__(self, name: str) -> str:
-        return self._map[name.lower()]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._map)
-
-    def __len__(self) -> int:
-        return len(self._map)
+from gateway.h1_connection import Connection
+from gateway.h1_types import (
+    _LOCAL_ERRNOS,
+    Headers,
+    Target,
+    Timeouts,
+    UpstreamConnectError,
+    UpstreamLocalError,
+    UpstreamTimeout,
+)
 
 
 class UpstreamResponse:
     """A response whose body is read as it arrives; `aclose()` always (idempotent)."""
 
-    def __init__(self, pool: H1Pool, conn: _Connection) -> None:
+    def __init__(self, pool: H1Pool, conn: Connection) -> None:
         self._pool = pool
-        self._conn: _Connection | None = conn
+        self._conn: Connection | None = conn
         self.status_code = conn.status()
         self.headers = Headers(conn.headers())
 
@@ -330,7 +93,7 @@ class H1Pool:
         self.timeouts = timeouts
         self._max_connections = max_connections
         self._max_keepalive = max_keepalive
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._idle_count = 0
         self._open = 0
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
@@ -379,7 +142,7 @@ class H1Pool:
                     raise
             conn, reused = await self._acquire(target, fresh=True)
 
-    async def _acquire(self, target: Target, *, fresh: bool = False) -> tuple[_Connection, bool]:
+    async def _acquire(self, target: Target, *, fresh: bool = False) -> tuple[Connection, bool]:
         """A connection to `target` and whether it was reused from the idle list."""
         key = (target.host, target.port)
         idle = None if fresh else self._idle.get(key)
@@ -408,7 +171,7 @@ class H1Pool:
         try:
             async with asyncio.timeout(self.timeouts.connect_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, key), target.host, target.port
+                    lambda: Connection(self, key), target.host, target.port
                 )
         except TimeoutError:
             self._forget(None)
@@ -425,7 +188,7 @@ class H1Pool:
             raise
         return conn, False
 
-    def release(self, conn: _Connection) -> None:
+    def release(self, conn: Connection) -> None:
         """Back to the idle list when it can serve another request, else closed."""
         if (
             conn.reusable
@@ -444,7 +207,7 @@ class H1Pool:
         conn.close()
         self._forget(conn)
 
-    def _forget(self, conn: _Connection | None) -> None:
+    def _forget(self, conn: Connection | None) -> None:
         """One connection fewer is open: wake a request waiting for a slot."""
         self._open -= 1
         while self._slot_waiters:

@@ -27,7 +27,7 @@ from gateway.errors import (
     OpenAIError,
     bad_gateway,
 )
-from gateway.h1pool import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
+from gateway.h1_types import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.inflight import Attempt, inflight_of
 from gateway.parse import ParsedRequest, upstream_body
 from gateway.resume import resumer as _resumer

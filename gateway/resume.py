@@ -8,7 +8,7 @@ import logging
 
 from gateway.accounting import RequestAccounting
 from gateway.continuation import SoFar, continuation_body
-from gateway.h1pool import UpstreamError
+from gateway.h1_types import UpstreamError
 from gateway.inflight import inflight_of
 from gateway.json_codec import encode
 from gateway.state import AppState

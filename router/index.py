@@ -48,13 +48,13 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
 from __future__ import annotations
 
 import time
-from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from contracts.tiers import Tier
 from router import accel
+from router.index_predictions import Batch, Predictions, compact_list
 
 if TYPE_CHECKING:
     from router._accel import BlockMap
@@ -93,40 +93,6 @@ _BEST: tuple[tuple[Tier | None, Tier | None], ...] = tuple(
 )
 
 
-class _Batch:
-    """One predict-on-route insertion: its expiry and its hashes in chain order."""
-
-    __slots__ = ("expiry", "hashes", "seq")
-
-    def __init__(self, seq: int, expiry: float, hashes: Iterable[int]) -> None:
-        self.seq = seq
-        self.expiry = expiry
-        self.hashes = _compact_list(hashes)
-
-
-def _compact_list(hashes: Iterable[int]) -> MutableSequence[int]:
-    """Hashes as unboxed u64s when they fit (8 bytes each, invisible to the cyclic GC),
-    else a plain list."""
-    values = list(hashes)
-    try:
-        return array("Q", values)
-    except OverflowError:
-        return values
-
-
-class _Predictions:
-    """The TTL'd, capacity-bounded predictions of one instance."""
-
-    __slots__ = ("batches", "owner", "refs")
-
-    def __init__(self) -> None:
-        # hash -> number of the batch that predicted it last (a BlockMap like the table:
-        # a u64 key in a slot instead of an int object per predicted block)
-        self.owner: BlockMap | dict[int, int] = accel.new_block_map()
-        self.batches: deque[_Batch] = deque()
-        self.refs = 0  # total length of the batches' hash lists (live + stale)
-
-
 class PrefixIndex:
     """`block_hash -> {instance: tier}` with TTL'd predictions and event-fed residency."""
 
@@ -150,7 +116,7 @@ class PrefixIndex:
         self._ids: dict[str, int] = {}
         self._names: list[str] = []
         self._held: list[int] = []  # blocks held per instance id (any tier)
-        self._preds: list[_Predictions] = []
+        self._preds: list[Predictions] = []
         self._entries = 0
         self._batch_seq = 0
         self._array_id = self._id(ARRAY)
@@ -164,7 +130,7 @@ class PrefixIndex:
             self._ids[instance] = iid
             self._names.append(instance)
             self._held.append(0)
-            self._preds.append(_Predictions())
+            self._preds.append(Predictions())
         return iid
 
     def instances(self) -> list[str]:
@@ -237,7 +203,7 @@ class PrefixIndex:
         self._expire(iid, t)
         unique = dict.fromkeys(hashes)  # chain order, no repeats
         self._batch_seq += 1
-        batch = _Batch(self._batch_seq, t + self.ttl_s, unique)
+        batch = Batch(self._batch_seq, t + self.ttl_s, unique)
         owner = preds.owner
         pbit = 1 << _PRED
         for h in unique:  # the caller's int objects become the keys (the batch keeps copies)
@@ -276,7 +242,7 @@ class PrefixIndex:
             self._store(h, v & ~mask)
         self._entries -= self._held[iid]
         self._held[iid] = 0
-        self._preds[iid] = _Predictions()
+        self._preds[iid] = Predictions()
 
     def expire(self, now: float | None = None) -> None:
         """Reclaim every expired prediction now (also done lazily on insert and match)."""
@@ -284,7 +250,7 @@ class PrefixIndex:
         for iid in range(len(self._names)):
             self._expire(iid, t)
 
-    def _drop_prediction(self, iid: int, h: int, batch: _Batch) -> None:
+    def _drop_prediction(self, iid: int, h: int, batch: Batch) -> None:
         owner = self._preds[iid].owner
         if owner.get(h) == batch.seq:
             del owner[h]
@@ -314,10 +280,10 @@ class PrefixIndex:
     def _compact(self, iid: int) -> None:
         preds = self._preds[iid]
         owner = preds.owner
-        kept: deque[_Batch] = deque()
+        kept: deque[Batch] = deque()
         refs = 0
         for batch in preds.batches:
-            batch.hashes = _compact_list(h for h in batch.hashes if owner.get(h) == batch.seq)
+            batch.hashes = compact_list(h for h in batch.hashes if owner.get(h) == batch.seq)
             if batch.hashes:
                 kept.append(batch)
                 refs += len(batch.hashes)

@@ -76,76 +76,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import xxhash
-
-from router.cost import ArrivalRate, CostParams, Prediction, ReuseBudget, TtftCostModel
+from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
 from router.footprints import SessionFootprints
 from router.policies.base import InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
+from router.policies.ttft_records import Pending, Scored, explain, tie_key
 from router.types import (
-    CandidateScore,
     Decision,
     LazyCandidates,
     RouteRequest,
     ordered_fallbacks,
 )
-
-
-@dataclasses.dataclass(slots=True)
-class _Pending:
-    """What a decision commits at dispatch (`Decision.pending`): the arrival's time, the
-    most any candidate under the cap had cached (the reuse given up is measured against
-    it), each candidate's cached tokens and prediction, and whether the fleet was saturated."""
-
-    now: float
-    most: int
-    saturated: bool
-    cached: dict[str, int]
-    predictions: dict[str, Prediction]
-    committed: bool = False
-
-
-@dataclasses.dataclass(slots=True)
-class _Scored:
-    view: InstanceView
-    tiers: dict[str, int]
-    pred: Prediction
-    cached: int
-    score: float = 0.0
-    imposed_s: float = 0.0
-    stall_s: float = 0.0
-    reuse_s: float = 0.0
-    pushed_out_s: float = 0.0
-
-
-def _tie_key(session: str | None) -> Callable[[_Scored], tuple[int, int, int]]:
-    """Near-ties: the instance holding more of the prompt, then the one the session key ranks
-    highest by rendezvous hashing, then the less loaded."""
-
-    def key(s: _Scored) -> tuple[int, int, int]:
-        v = s.view
-        affinity = xxhash.xxh3_64_intdigest(f"{session}\x00{v.id}".encode()) if session else 0
-        return (-v.matched_total(), -affinity, v.in_flight)
-
-    return key
-
-
-def _explain(s: _Scored) -> CandidateScore:
-    return CandidateScore(
-        instance=s.view.id,
-        cached_tokens_by_tier=s.tiers,
-        in_flight=s.view.in_flight,
-        predicted_ttft_s=s.pred.ttft_s,
-        parts=s.pred.parts(),
-        score_terms={
-            "predicted_ttft_s": s.pred.ttft_s,
-            "imposed_delay_s": s.imposed_s,
-            "streams_stalled_s": s.stall_s,
-            "reuse_price_s": s.reuse_s,
-            "kv_pushed_out_s": s.pushed_out_s,
-            "score": s.score,
-        },
-    )
 
 
 def cost_params(given: CostParams | Mapping[str, Any] | None) -> CostParams:
@@ -239,7 +180,7 @@ class TtftPolicy(Policy):
         if request.session_key:
             self.footprints.record(request.session_key, instance, computed_tokens, self._clock())
         pending = decision.pending
-        if not isinstance(pending, _Pending) or pending.committed:
+        if not isinstance(pending, Pending) or pending.committed:
             return
         pending.committed = True
         self._arrivals.tick(pending.now)
@@ -259,14 +200,14 @@ class TtftPolicy(Policy):
         cap: int,
         arrivals: ArrivalRate,
         reuse: ReuseBudget,
-    ) -> tuple[list[_Scored], list[_Scored], bool, float]:
+    ) -> tuple[list[Scored], list[Scored], bool, float]:
         """Every candidate scored; those under the load cap (all, when none is); and whether
         the fleet is saturated: even the emptiest of those has more work queued than this
         whole prompt's prefill (a move then finds no spare capacity)."""
         # the hot loop of the default policy: attribute lookups hoisted, builtins avoided
         predict = self.model.predict
         prompt = request.prompt_tokens
-        scored: list[_Scored] = []
+        scored: list[Scored] = []
         most = 0  # the most any instance under the load cap has cached
         cached_anywhere = 0  # the most any instance has cached
         in_flight_total = 0
@@ -285,7 +226,7 @@ class TtftPolicy(Policy):
             if cached > most and v.in_flight < cap:
                 most = cached
             in_flight_total += v.in_flight
-            scored.append(_Scored(v, tiers, pred, cached))
+            scored.append(Scored(v, tiers, pred, cached))
         now = self._clock()
         arrivals.tick(now)
         # later arrivals per second at each instance: the fleet's rate, shared in proportion
@@ -351,7 +292,7 @@ class TtftPolicy(Policy):
             allowed = [s for s in allowed if reuse.permits(most - s.cached)]
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
-        chosen = ties[0] if len(ties) == 1 else min(ties, key=_tie_key(request.session_key))
+        chosen = ties[0] if len(ties) == 1 else min(ties, key=tie_key(request.session_key))
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
@@ -368,8 +309,8 @@ class TtftPolicy(Policy):
             cached_tokens_by_tier=chosen.tiers,
             predicted_ttft_s=chosen.pred.ttft_s,
             fallbacks=ordered_fallbacks(chosen.view.id, [s.view.id for s in ranked]),
-            candidates=LazyCandidates(lambda: tuple(_explain(s) for s in scored)),
-            pending=_Pending(
+            candidates=LazyCandidates(lambda: tuple(explain(s) for s in scored)),
+            pending=Pending(
                 now=now,
                 most=most,
                 saturated=saturated,
@@ -384,7 +325,7 @@ class TtftPolicy(Policy):
         """Calibrate on the outcome, against the prediction made for the instance it ran on
         (its decision's record: no lookup by sizes that equal requests share)."""
         pending = outcome.decision.pending if outcome.decision is not None else None
-        pred = pending.predictions.get(outcome.instance) if isinstance(pending, _Pending) else None
+        pred = pending.predictions.get(outcome.instance) if isinstance(pending, Pending) else None
         cached = (
             outcome.reported_cached_tokens
             if outcome.reported_cached_tokens is not None

@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.h1pool import (
-    H1Pool,
+from gateway.h1_types import (
     Target,
     Timeouts,
     UpstreamConnectError,
     UpstreamReadError,
     UpstreamTimeout,
 )
+from gateway.h1pool import H1Pool
 from tests.support.procs import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
