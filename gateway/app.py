@@ -163,6 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.aclose()
 
     app = GatewayApp(
+        # the gateway's middleware, outermost first, around every route (fast ones too)
+        stack=(RequestIdMiddleware,),
         title="warmgate",
         lifespan=lifespan,
         docs_url=None,
@@ -178,5 +180,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(build_ui_admin_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_ui_router())  # a static shell: its data is admin calls
     app.include_router(build_monitoring_router())
-    app.add_middleware(RequestIdMiddleware)
     return app

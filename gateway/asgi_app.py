@@ -3,33 +3,50 @@
 Starlette's and FastAPI's layers (error middleware, telemetry, body limit, exception
 middleware, exit stack, router, route wrapper, each wrapping every `send`) cost about a fifth
 of the gateway's CPU per proxied request (py-spy). A route added with `add_fast_route()` skips them
-and gets what they would have given it: the request-id middleware (the same class), the
-app's exception handlers for what the endpoint raises, and for anything unexpected the app's
-500 answer then the exception re-raised to the server (as Starlette's ServerErrorMiddleware
-does). Every other request, and any app mounted under a root path, takes the usual stack.
+and gets what they would have given it: the app's exception handlers for what the endpoint
+raises, and for anything unexpected the app's 500 answer then the exception re-raised to the
+server (as Starlette's ServerErrorMiddleware does). Every other request, and any app mounted
+under a root path, takes the usual stack. The gateway's own middleware (request ids and
+access logs) is one explicit stack, built in `create_app`, around both.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.middleware import RequestIdMiddleware
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
+Middleware = Callable[[ASGIApp], ASGIApp]
+
+
 class GatewayApp(FastAPI):
-    def __init__(self, **kwargs: Any) -> None:
+    """`stack`: the gateway's own middleware, outermost first, applied once around both the
+    fast routes and FastAPI's stack (so nothing can be wired for one path and skipped on the
+    other). `add_middleware` is refused: a middleware goes into `stack`, in `create_app`."""
+
+    def __init__(self, *, stack: Sequence[Middleware] = (RequestIdMiddleware,), **kwargs: Any):
         super().__init__(**kwargs)
         self._fast_routes: dict[str, Endpoint] = {}
-        self._fast = RequestIdMiddleware(self._serve_fast)
+        outer: ASGIApp = self._dispatch
+        for middleware in reversed(stack):
+            outer = middleware(outer)
+        self._outer = outer
+
+    def add_middleware(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "GatewayApp's middleware is its explicit stack (GatewayApp(stack=...) in "
+            "create_app): it wraps the fast routes too, which add_middleware would skip"
+        )
 
     def add_fast_route(self, path: str, endpoint: Endpoint) -> None:
         """Serve `POST path` with `endpoint` ahead of the middleware stack (it is also a
@@ -38,6 +55,9 @@ class GatewayApp(FastAPI):
         self._fast_routes[path] = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._outer(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope["method"] == "POST"
@@ -46,7 +66,7 @@ class GatewayApp(FastAPI):
             and not scope.get("root_path")
         ):
             scope["app"] = self
-            await self._fast(scope, receive, send)
+            await self._serve_fast(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
