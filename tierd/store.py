@@ -28,6 +28,7 @@ from typing import Any
 
 from contracts.errors import InputError
 from tierd import events as ev
+from tierd.chain_lookup import chain_summary, probe_array
 from tierd.counters import DropLog, StoreCounters, ThroughputMeter
 from tierd.emulation import Emulator
 from tierd.events import EventPublisher
@@ -363,7 +364,7 @@ class TieredStore:
             return
         tail = hashes[start:]
         known = [self.where(h) is not None for h in tail]
-        found = await asyncio.to_thread(_probe, self.array, tail, known)
+        found = await asyncio.to_thread(probe_array, self.array, tail, known)
         for h in found:
             if h not in self.array_index:
                 self.array_add(h, None)
@@ -380,42 +381,12 @@ class TieredStore:
     async def lookup(self, hashes: list[int]) -> dict[str, Any]:
         """How much of a chain is where: the leading available run and its split by tier."""
         await self.discover(hashes)
-        tiers: list[str] = []
-        for h in hashes:
-            t = self.where(h)
-            if t is None:
-                break
-            tiers.append(t)
-        leading = {
-            ev.GPU: _run(hashes, lambda h: h in self.l1),
-            ev.ARRAY: _run(hashes, lambda h: h in self.array_index),
-            ev.SNAPSHOT: _run(hashes, lambda h: h in self.snap_index),
-        }
-        counts = {t: tiers.count(t) for t in (ev.GPU, ev.ARRAY, ev.SNAPSHOT)}
-        return {
-            "blocks": len(hashes),
-            "available": len(tiers),
-            "tiers": tiers,
-            "leading": leading,
-            "counts": counts,
-        }
-
-
-def _probe(array: ArrayDir, hashes: list[int], known: list[bool]) -> list[int]:
-    found: list[int] = []
-    for h, k in zip(hashes, known, strict=True):
-        if k:
-            continue
-        if not array.exists(h):
-            break
-        found.append(h)
-    return found
-
-
-def _run(hashes: list[int], has: Callable[[int], bool]) -> int:
-    n = 0
-    for h in hashes:
-        if not has(h):
-            break
-        n += 1
-    return n
+        return chain_summary(
+            hashes,
+            self.where,
+            {
+                ev.GPU: lambda h: h in self.l1,
+                ev.ARRAY: lambda h: h in self.array_index,
+                ev.SNAPSHOT: lambda h: h in self.snap_index,
+            },
+        )
