@@ -73,6 +73,10 @@ class EngineFleet(Protocol):
 
     def warmgate_config(self, policy: str, port: int) -> dict[str, Any]: ...
 
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -339,7 +343,16 @@ async def fleet_with_gateway(
     """Fresh engines and (optionally) one gateway; both stopped and cleaned on exit.
     Yields (fleet, gateway or None). Logs are copied to `keep_logs` when given."""
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="warmgate-bench-"))
-    fleet = Fleet(spec, workdir)
+    async with gateway_in_front(Fleet(spec, workdir), gateway, workdir, keep_logs) as pair:
+        yield pair
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front(
+    fleet: EngineFleet, gateway: str | None, workdir: Path, keep_logs: Path | None
+) -> Any:
+    """Start `fleet` and (optionally) gateway `gateway` in front of it; on exit stop both,
+    copy the logs to `keep_logs` when given and remove `workdir`. Yields (fleet, gateway)."""
     gw: Gateway | None = None
     try:
         await fleet.start()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.peers import Gateway, start_gateway
+from bench.peers import gateway_in_front
 from gateway.engines.models import ensure_tiny_model
 from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
@@ -153,22 +152,5 @@ async def real_fleet_with_gateway(
     tiered = spec.tiers and (gateway or "").startswith("warmgate")
     # may build the model once
     fleet = await asyncio.to_thread(lambda: RealFleet(spec, workdir, tiered=tiered))
-    gw: Gateway | None = None
-    try:
-        await fleet.start()
-        if gateway is not None:
-            gw = await start_gateway(gateway, fleet, workdir)
-        yield fleet, gw
-    finally:
-        if gw is not None:
-            await gw.stop()
-        await fleet.stop()
-        if keep_logs is not None:
-            await asyncio.to_thread(_copy_logs, workdir, keep_logs)
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
-
-
-def _copy_logs(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for log in src.glob("*.log"):
-        shutil.copy2(log, dst / log.name)
+    async with gateway_in_front(fleet, gateway, workdir, keep_logs) as pair:
+        yield pair

@@ -53,22 +53,18 @@ class Link:
         """One request and its answer (and the client that answered: its arena is the one the
         answer's offsets point into). A link that was up but has gone stale (tierd
         restarted) is redialled once at once; otherwise KvSocketError."""
-        client = self.get()
-        if client is None:
-            raise KvSocketError(f"tierd at {self.path} is unreachable")
-        try:
-            return client, client.call(msg)
-        except KvSocketError as exc:
-            self.fail(exc)
-        self._failed_at = -RETRY_S
-        client = self.get()
-        if client is None:
-            raise KvSocketError(f"tierd at {self.path} is unreachable")
-        try:
-            return client, client.call(msg)
-        except KvSocketError as exc:
-            self.fail(exc)
-            raise
+        for redial in (False, True):
+            client = self.get()
+            if client is None:
+                raise KvSocketError(f"tierd at {self.path} is unreachable")
+            try:
+                return client, client.call(msg)
+            except KvSocketError as exc:
+                self.fail(exc)
+                if redial:
+                    raise
+            self._failed_at = -RETRY_S  # redial now, not after the back-off
+        raise AssertionError("unreachable")
 
     def fail(self, exc: Exception) -> None:
         if self.client is not None:
