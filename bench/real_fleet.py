@@ -71,7 +71,9 @@ class RealFleet:
         self.fleet: VllmFleet | TieredFleet = (
             TieredFleet(TieredConfig(self.cfg)) if tiered else VllmFleet(self.cfg)
         )
-        self.tierd_urls = self.fleet.tierd_urls if isinstance(self.fleet, TieredFleet) else {}
+        tf = self.fleet if isinstance(self.fleet, TieredFleet) else None
+        self.tierd_urls = tf.tierd_urls if tf else {}
+        self.tierd_events = tf.tierd_events if tf else {}
         self.engines = {e.id: e.url for e in self.fleet.engines}
         self.block_size: int | None = None
 
@@ -120,6 +122,11 @@ class RealFleet:
                     "id": e.id,
                     "url": e.url,
                     **({"tierd_url": self.tierd_urls[e.id]} if e.id in self.tierd_urls else {}),
+                    **(
+                        {"tierd_events_endpoint": self.tierd_events[e.id]}
+                        if e.id in self.tierd_events
+                        else {}
+                    ),
                     "models": [self.model],
                     **(
                         {"kv_events_endpoint": e.kv_events_endpoint} if e.kv_events_endpoint else {}

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -105,8 +105,12 @@ class KvEventConsumer:
         clock: Callable[[], float] = time.time,
         replay_endpoints: Mapping[str, str] | None = None,
         block_size: int | None = None,  # precise mode's: events of another size are flagged
+        tiers: Mapping[str, Collection[Tier]] | None = None,
     ) -> None:
         self.block_size = block_size
+        # instance -> the tiers its publisher here owns, when it is one of several (an
+        # engine's events beside its tierd's: `gateway.tierd_events`); absent: all tiers
+        self.tiers = dict(tiers or {})
         self.index = index
         self.endpoints = dict(endpoints)
         self.replay_endpoints = dict(replay_endpoints or {})
@@ -281,7 +285,7 @@ class KvEventConsumer:
         elsewhere_of(instance, batch.events, self._elsewhere.setdefault(instance, {}))
         if self.block_size is not None:
             self._check_block_size(instance, stats, batch.events)
-        counts = apply_events(self.index, instance, batch.events)
+        counts = apply_events(self.index, instance, batch.events, tiers=self.tiers.get(instance))
         stats.batches += 1
         stats.blocks_stored += counts.stored
         stats.blocks_removed += counts.removed
@@ -298,7 +302,7 @@ class KvEventConsumer:
     def _drop(self, instance: str) -> None:
         """What this publisher told us goes (`router.event_feed.drop_publisher`)."""
         held = self._elsewhere.pop(instance, {})
-        drop_publisher(self.index, instance, {(ARRAY, Tier.ARRAY): held})
+        drop_publisher(self.index, instance, {(ARRAY, Tier.ARRAY): held}, self.tiers.get(instance))
 
     def _check_block_size(self, instance: str, stats: SourceStats, events: Any) -> None:
         """An engine whose blocks are not the size precise mode cuts can never match: say
@@ -325,7 +329,10 @@ class KvEventConsumer:
 
 
 async def attach_kv_events(state: AppState) -> None:
-    """Called from the gateway's lifespan: consume each instance's KV events when enabled."""
+    """Called from the gateway's lifespan: consume each instance's KV events when enabled
+    (and its tierd's, `gateway.tierd_events`)."""
+    from gateway.tierd_events import attach_tierd_events, engine_tiers  # imports this module
+
     cfg = state.settings.kv_events
     endpoints = {
         i.id: i.kv_events_endpoint for i in state.settings.instances if i.kv_events_endpoint
@@ -350,6 +357,7 @@ async def attach_kv_events(state: AppState) -> None:
             if state.settings.routing.mode == "precise"
             else None
         ),
+        tiers=engine_tiers(state.settings),
     )
     await consumer.start()
     state.kv_events = consumer
@@ -359,3 +367,4 @@ async def attach_kv_events(state: AppState) -> None:
         return {"ok": True, "required": False, "sources": consumer.stats()}
 
     state.readiness["kv_events"] = readiness
+    await attach_tierd_events(state)

@@ -36,6 +36,9 @@ class InstanceSettings(StrictModel):
     # vLLM's replay (ROUTER) endpoint: what the engine holds, asked for at start and after
     # the gateway lost sight of it (restart, sequence gap, health recovery)
     kv_events_replay_endpoint: str | None = None
+    # its tierd's residency events (ZMQ PUB; `gateway.tierd_events`): host memory, the array
+    # and snapshots, so the router prices what the engine will load from tierd
+    tierd_events_endpoint: str | None = None
 
     @field_validator("url", "tierd_url")
     @classmethod

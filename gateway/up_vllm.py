@@ -64,6 +64,7 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
     if args.policy:
         routing["policy"] = args.policy
     tierds = fleet.tierd_urls if isinstance(fleet, TieredFleet) else {}
+    tierd_events = fleet.tierd_events if isinstance(fleet, TieredFleet) else {}
     instances = [
         {
             "id": e.id,
@@ -73,6 +74,8 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
             "kv_events_replay_endpoint": e.kv_replay_endpoint,
             # its tierd: prefetch hints (engine block hashes) and measured tier bandwidths
             **({"tierd_url": tierds[e.id]} if e.id in tierds else {}),
+            # and its residency (host memory, array, snapshots): priced by the router
+            **({"tierd_events_endpoint": tierd_events[e.id]} if e.id in tierd_events else {}),
         }
         for e in fleet
     ]

@@ -14,7 +14,7 @@ reader both call these.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,7 +78,7 @@ class IndexSink(Protocol):
 
     def remove(self, instance: str, hashes: Sequence[int], tier: Tier | None) -> object: ...
 
-    def clear_instance(self, instance: str) -> object: ...
+    def clear_instance(self, instance: str, tiers: Collection[Tier] | None = None) -> object: ...
 
 
 def medium_target(
@@ -94,7 +94,10 @@ def medium_target(
 
 
 def drop_publisher(
-    index: IndexSink, instance: str, elsewhere: Mapping[tuple[str, Tier], Iterable[int]]
+    index: IndexSink,
+    instance: str,
+    elsewhere: Mapping[tuple[str, Tier], Iterable[int]],
+    tiers: Collection[Tier] | None = None,
 ) -> None:
     """The one resync rule, for both consumers (the gateway's ZMQ subscriber and the Redis
     stream reader): on a gap, a restart or an undecodable batch of one publisher, the index
@@ -102,8 +105,9 @@ def drop_publisher(
     and predictions: the lost batches may have removed what was predicted) and the blocks
     that publisher reported elsewhere (`elsewhere`: the shared array), nothing of anyone
     else. What follows (its next events, predict-on-route, an engine's replay where it has
-    one) rebuilds it."""
-    index.clear_instance(instance)
+    one) rebuilds it. `tiers`: the instance's tiers this publisher owns, when it is one of
+    several (an engine and its tierd); None: all of them."""
+    index.clear_instance(instance, tiers)
     for (where, tier), hashes in elsewhere.items():
         if where != instance:
             index.remove(where, list(hashes), tier)
@@ -137,13 +141,18 @@ class ApplyCounts:
 
 
 def apply_events(
-    index: IndexSink, instance: str, events: Sequence[KvEvent], array_id: str = ARRAY
+    index: IndexSink,
+    instance: str,
+    events: Sequence[KvEvent],
+    array_id: str = ARRAY,
+    tiers: Collection[Tier] | None = None,
 ) -> ApplyCounts:
-    """Feed one publisher's events into the index, for `instance`."""
+    """Feed one publisher's events into the index, for `instance`; an AllBlocksCleared
+    clears the instance's `tiers` (the ones this publisher owns; None: all)."""
     counts = ApplyCounts()
     for event in events:
         if isinstance(event, AllBlocksCleared):
-            index.clear_instance(instance)
+            index.clear_instance(instance, tiers)
             counts.cleared += 1
             continue
         target = medium_target(instance, event.medium, array_id)

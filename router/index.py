@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from contracts.tiers import Tier
@@ -230,19 +230,26 @@ class PrefixIndex:
             if bits & (1 << _PRED):
                 owner.pop(h, None)
 
-    def clear_instance(self, instance: str) -> None:
-        """Forget everything about `instance` (publisher restart, sequence gap). O(entries)."""
+    def clear_instance(self, instance: str, tiers: Collection[Tier] | None = None) -> None:
+        """Forget everything about `instance` (publisher restart, sequence gap), or only its
+        `tiers` (one publisher of several: an engine's own cache, its tierd's host memory and
+        snapshots). Clearing HBM also drops its predictions. O(entries)."""
         iid = self._ids.get(instance)
         if iid is None:
             return
         shift = iid * _WIDTH
-        mask = _FIELD << shift
+        bits = _FIELD if tiers is None else sum(1 << _TIER_BIT[t] for t in set(tiers))
+        if tiers is None or Tier.HBM in tiers:
+            bits |= 1 << _PRED
+            self._preds[iid] = Predictions()
+        mask = bits << shift
         touched = [(h, v) for h, v in self._blocks.items() if v & mask]  # then mutate
         for h, v in touched:
-            self._store(h, v & ~mask)
-        self._entries -= self._held[iid]
-        self._held[iid] = 0
-        self._preds[iid] = Predictions()
+            new = v & ~mask
+            if not (new >> shift) & _FIELD:
+                self._held[iid] -= 1
+                self._entries -= 1
+            self._store(h, new)
 
     def expire(self, now: float | None = None) -> None:
         """Reclaim every expired prediction now (also done lazily on insert and match)."""

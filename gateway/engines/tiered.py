@@ -224,6 +224,11 @@ class TieredFleet:
         """Engine id -> its tierd's HTTP API (the gateway's `tierd_url`)."""
         return {inst.engine.id: inst.tierd.url for inst in self.instances}
 
+    @property
+    def tierd_events(self) -> dict[str, str]:
+        """Engine id -> its tierd's residency events endpoint (`tierd_events_endpoint`)."""
+        return {inst.engine.id: inst.events_endpoint for inst in self.instances}
+
     def chain_since(self, before: set[Path]) -> list[int]:
         """Block hashes of the slice files added to the array since `before` (a set of
         paths), in chain order by their parent links: one prompt's blocks, first to last."""

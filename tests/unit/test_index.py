@@ -156,6 +156,23 @@ def test_remove_drops_prediction_and_clear_instance() -> None:
     idx.remove("nobody", [1])  # unknown instance: nothing happens
 
 
+def test_clear_instance_of_some_tiers_keeps_the_others() -> None:
+    """An engine and its tierd publish for one instance: clearing the engine's HBM (and
+    its predictions) leaves the tierd's host blocks, and the counts stay right."""
+    idx = PrefixIndex()
+    idx.insert("a", [1, 2, 3], Tier.HBM)
+    idx.insert("a", [1, 2, 3, 4], Tier.HOST)
+    idx.insert("a", [5], predicted=True)
+    idx.insert("a", [6], Tier.SNAPSHOT)
+    idx.clear_instance("a", [Tier.HBM])
+    assert idx.match([1, 2, 3, 4], ["a"]) == {"a": {Tier.HOST: 4}}
+    assert idx.predicted_held("a") == 0
+    assert idx.blocks_held("a") == len(idx) == 5
+    idx.clear_instance("a", [Tier.HOST, Tier.SNAPSHOT])
+    assert idx.match([1, 2, 3, 4], ["a"]) == {"a": {}}
+    assert idx.blocks_held("a") == len(idx) == 0
+
+
 tier_st = st.sampled_from(list(Tier))
 inst_st = st.sampled_from(["a", "b", "c", ARRAY])
 op_st = st.tuples(

@@ -1,0 +1,71 @@
+"""Two publishers for one instance (an engine and its tierd): each owns its tiers, so the
+router prices what the engine will load from tierd, and one publisher's gap, restart or
+AllBlocksCleared never erases what the other said (`gateway.tierd_events`)."""
+
+from __future__ import annotations
+
+from contracts.kv_events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventBatch,
+    encode_batch,
+    encode_frames,
+)
+from contracts.tiers import Medium, Tier
+from gateway.kv_events import KvEventConsumer
+from gateway.settings import Settings
+from gateway.tierd_events import ENGINE_TIERS, TIERD_TIERS, engine_tiers, tierd_endpoints
+from router.index import PrefixIndex
+
+CHAIN = [11, 12, 13, 14, 15]
+
+
+def frames(seq: int, *events: object) -> list[bytes]:
+    return encode_frames("", seq, encode_batch(EventBatch(1.0, tuple(events))))  # type: ignore[arg-type]
+
+
+def stored(hashes: list[int], medium: str) -> BlockStored:
+    return BlockStored(tuple(hashes), None, (), 128, None, medium, None)
+
+
+def pair(index: PrefixIndex) -> tuple[KvEventConsumer, KvEventConsumer]:
+    engine = KvEventConsumer(index, {"e0": "ipc:///nonexistent-e"}, tiers={"e0": ENGINE_TIERS})
+    tierd = KvEventConsumer(index, {"e0": "ipc:///nonexistent-t"}, tiers={"e0": TIERD_TIERS})
+    return engine, tierd
+
+
+def test_tierd_host_blocks_are_priced_past_the_engines_own() -> None:
+    index = PrefixIndex()
+    engine, tierd = pair(index)
+    engine.handle("e0", frames(0, stored(CHAIN[:2], Medium.GPU)))
+    # tierd publishes its arena as host memory, and what it wrote to the shared array
+    tierd.handle("e0", frames(0, stored(CHAIN[:4], Medium.CPU), stored([15], Medium.ARRAY)))
+    assert index.match(CHAIN, ["e0", "e1"]) == {
+        "e0": {Tier.HBM: 2, Tier.HOST: 2, Tier.ARRAY: 1},
+        "e1": {},  # the chain's first block is in no tier e1 can read
+    }
+
+
+def test_a_tierd_gap_or_clear_leaves_the_engines_blocks() -> None:
+    index = PrefixIndex()
+    engine, tierd = pair(index)
+    engine.handle("e0", frames(0, stored(CHAIN[:2], Medium.GPU)))
+    tierd.handle("e0", frames(0, stored(CHAIN, Medium.CPU)))
+    tierd.handle("e0", frames(5, stored([99], Medium.CPU)))  # a gap: tierd's view is stale
+    assert index.match(CHAIN, ["e0"]) == {"e0": {Tier.HBM: 2}}
+    tierd.handle("e0", frames(6, stored(CHAIN, Medium.CPU)))
+    engine.handle("e0", frames(1, AllBlocksCleared()))  # the engine's cache emptied
+    assert index.match(CHAIN, ["e0"]) == {"e0": {Tier.HOST: 5}}
+    tierd.handle("e0", frames(7, AllBlocksCleared()))
+    assert index.match(CHAIN, ["e0"]) == {"e0": {}}
+
+
+def test_settings_name_a_tierd_events_endpoint() -> None:
+    settings = Settings(
+        instances=[
+            {"id": "e0", "url": "http://127.0.0.1:1", "tierd_events_endpoint": "ipc:///t0"},
+            {"id": "e1", "url": "http://127.0.0.1:2"},
+        ]
+    )
+    assert tierd_endpoints(settings) == {"e0": "ipc:///t0"}
+    assert engine_tiers(settings) == {"e0": ENGINE_TIERS}  # e1's engine owns every tier
