@@ -25,7 +25,6 @@ from gateway.engine_load import attach_engine_load
 from gateway.errors import install_error_handlers
 from gateway.fleet import attach_fleet
 from gateway.fleet_api import build_fleet_router
-from gateway.h1_types import Timeouts
 from gateway.h1pool import H1Pool
 from gateway.health import HealthChecker
 from gateway.kv_capacity import run_discovery
@@ -47,20 +46,29 @@ from gateway.state import AppState
 from gateway.stats import GatewayStats
 from gateway.tier_stats import run_poller
 from gateway.tokens import PreciseChains
+from gateway.transport import Timeouts, UpstreamTransport
+from gateway.transport_httpx import HttpxTransport
 from gateway.ui.live import attach_ui
 from gateway.ui.routes import build_ui_admin_router, build_ui_router
 
 log = logging.getLogger("warmgate.app")
 
 
-def build_upstream(settings: Settings) -> H1Pool:
-    """The proxy's connections to the engines (the same limits as `build_client`'s)."""
+def build_upstream(settings: Settings) -> UpstreamTransport:
+    """The proxy's connections to the engines, over `upstream.transport` (the same limits
+    as `build_client`'s)."""
     t = settings.timeouts
-    return H1Pool(
-        Timeouts(connect_s=t.connect_s, read_s=t.read_s, write_s=t.write_s, pool_s=t.pool_s),
-        max_connections=t.max_connections,
-        max_keepalive=t.max_keepalive,
-    )
+    timeouts = Timeouts(connect_s=t.connect_s, read_s=t.read_s, write_s=t.write_s, pool_s=t.pool_s)
+    limits = {"max_connections": t.max_connections, "max_keepalive": t.max_keepalive}
+    match settings.upstream.transport:
+        case "aiohttp":
+            from gateway.transport_aiohttp import AiohttpTransport  # the `transports` extra
+
+            return AiohttpTransport(timeouts, **limits)
+        case "httpx":
+            return HttpxTransport(timeouts, **limits)
+        case _:
+            return H1Pool(timeouts, **limits)
 
 
 def build_client(settings: Settings) -> httpx.AsyncClient:

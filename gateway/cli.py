@@ -18,6 +18,10 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "fuzz"): ("bench.fuzz:main", "schema fuzzing and hostile bodies: no 5xx"),
     ("bench", "chaos"): ("bench.chaos:main", "faults injected under a game load, one row each"),
     ("bench", "compare"): ("bench.compare:main", "live side-by-side replay against peers"),
+    ("bench", "overhead"): (
+        "bench.overhead_ab:main",
+        "gateway CPU per request and added latency, per upstream transport",
+    ),
     ("bench", "convergence"): (
         "bench.convergence:main",
         "ttft cost model: predicted vs observed TTFT from its prior",

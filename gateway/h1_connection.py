@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.h1_types import (
+from gateway.transport import (
     Timeouts,
     UpstreamConnectError,
     UpstreamError,

@@ -1,5 +1,5 @@
 """The proxy's upstream HTTP/1.1 client: a keep-alive connection pool on asyncio protocols
-with httptools' C parser.
+with httptools' C parser (the `h1pool` transport of gateway/transport.py, the default).
 
 httpx (with httpcore and h11, all pure Python) took half of the gateway's CPU per proxied
 request; this does the one thing the proxy needs (a POST to a loopback or LAN engine, the
@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 
 from gateway.h1_connection import Connection
-from gateway.h1_types import (
-    _LOCAL_ERRNOS,
+from gateway.transport import (
+    LOCAL_ERRNOS,
     Headers,
     Target,
     Timeouts,
@@ -38,7 +38,7 @@ from gateway.h1_types import (
 )
 
 
-class UpstreamResponse:
+class H1Response:
     """A response whose body is read as it arrives; `aclose()` always (idempotent)."""
 
     def __init__(self, pool: H1Pool, conn: Connection) -> None:
@@ -113,7 +113,7 @@ class H1Pool:
         headers: Mapping[str, str],
         body: bytes,
         head_s: float | None = None,
-    ) -> UpstreamResponse:
+    ) -> H1Response:
         """Send a POST and return once the response head has arrived (within `head_s`,
         default the pool's `read_s`)."""
         timeouts = (
@@ -131,7 +131,7 @@ class H1Pool:
         while True:
             try:
                 await conn.send(head, body, timeouts)
-                return UpstreamResponse(self, conn)
+                return H1Response(self, conn)
             except BaseException as exc:
                 conn.reusable = False
                 self.release(conn)
@@ -180,7 +180,7 @@ class H1Pool:
             ) from None
         except OSError as exc:
             self._forget(None)
-            if exc.errno in _LOCAL_ERRNOS:
+            if exc.errno in LOCAL_ERRNOS:
                 raise UpstreamLocalError(f"connect failed here: {exc}") from None
             raise UpstreamConnectError(f"connect failed: {exc}") from None
         except BaseException:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.h1pool import UpstreamResponse
 from gateway.state import AppState
+from gateway.transport import UpstreamResponse
 
 
 class Attempt:

@@ -27,12 +27,12 @@ from gateway.errors import (
     OpenAIError,
     bad_gateway,
 )
-from gateway.h1_types import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.inflight import Attempt, inflight_of
 from gateway.parse import ParsedRequest, upstream_body
 from gateway.resume import resumer as _resumer
 from gateway.roles import access_of
 from gateway.state import AppState
+from gateway.transport import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
 from gateway.upstream import (
     AttemptConnectFailed,
     AttemptFailed,

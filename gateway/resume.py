@@ -8,10 +8,10 @@ import logging
 
 from gateway.accounting import RequestAccounting
 from gateway.continuation import SoFar, continuation_body
-from gateway.h1_types import UpstreamError
 from gateway.inflight import inflight_of
 from gateway.json_codec import encode
 from gateway.state import AppState
+from gateway.transport import UpstreamError
 from gateway.upstream import Resume, Resumed
 
 log = logging.getLogger("warmgate.proxy")

@@ -145,6 +145,14 @@ class TimeoutSettings(StrictModel):
     stall_s: float = Field(default=30.0, gt=0)
 
 
+class UpstreamSettings(StrictModel):
+    """How the proxy talks to the engines (gateway/transport.py): `h1pool`, the hand-written
+    keep-alive pool on httptools; `aiohttp` (the `transports` extra) or `httpx`, the same
+    seam over those libraries' clients. Limits and timeouts are `timeouts`' for all three."""
+
+    transport: Literal["h1pool", "aiohttp", "httpx"] = "h1pool"
+
+
 class HealthSettings(StrictModel):
     """Background checks of each instance's `/health`."""
 
@@ -232,6 +240,7 @@ class Settings(BaseSettings):
     instances: list[InstanceSettings] = Field(default_factory=list)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)

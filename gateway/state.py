@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.requests import Request
 
-from gateway.h1pool import H1Pool
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.prefetch import PrefetchHints
 from gateway.settings import Settings
 from gateway.stats import GatewayStats
 from gateway.tokens import PreciseChains
+from gateway.transport import UpstreamTransport
 from router.router import Router
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class AppState:
 
     settings: Settings
     client: httpx.AsyncClient  # pooled client for upstream calls besides proxying
-    upstream: H1Pool  # the proxy's pooled engine connections
+    upstream: UpstreamTransport  # the proxy's engine connections (gateway/transport.py)
     metrics: GatewayMetrics
     stats: GatewayStats
     health: HealthChecker

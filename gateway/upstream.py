@@ -26,11 +26,10 @@ from gateway.aggregate import StreamAggregator
 from gateway.continuation import SoFar, Stitcher, so_far
 from gateway.disconnect import Abandoned, RelayResponse, race_disconnect
 from gateway.errors import sse_error_event
-from gateway.h1_types import UpstreamError
-from gateway.h1pool import UpstreamResponse
 from gateway.inflight import Attempt, inflight_of
 from gateway.json_codec import decode
 from gateway.sse import SseRelay
+from gateway.transport import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("warmgate.proxy")
 

@@ -1,0 +1,260 @@
+"""`warmgate bench overhead`: what the gateway costs per request, the same gateway over
+each upstream transport (gateway/transport.py: `h1pool`, `aiohttp`, `httpx`) in one run.
+
+One `zero`-profile simulated engine (no compute: what is left is HTTP, parsing and
+routing) and one warmgate (`ttft`) per transport in front of it, all started at once. Each
+round measures every transport in turn (the order rotated each round, so no transport
+always goes first), and for each mode (non-streaming; streaming, latency = time to the first
+text chunk):
+
+- CPU per request: `--sequential` requests one after another through the gateway, its
+  process's user + system CPU (`/proc/<pid>/stat`, clock ticks) over them divided by their
+  count;
+- added latency under light load: `--rate` requests/s offered (at least `--requests` of
+  them) straight to the engine, then the same through the gateway (bench.overhead.run_step:
+  evenly spaced arrivals, at most 64 in flight, latency from scheduled arrival);
+  `added_p50 = p50(gateway) - p50(direct)`, the same for p99.
+
+The load generator, the gateways and the engine share the machine's cores; the rounds show
+how far the figures move between repeats, which is the noise any difference must beat.
+Writes `<out>.json` and `<out>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.overhead import MODES, _body, _one, run_step
+from bench.peers import REPO, Fleet, FleetSpec, Gateway, Proc, free_port
+from bench.report import machine
+
+TRANSPORTS = ("h1pool", "aiohttp", "httpx")
+STREAMS = 64
+METRICS = ("cpu_ms_per_request", "added_p50_ms", "added_p99_ms")
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+
+
+async def start_warmgate(fleet: Fleet, transport: str, workdir: Path) -> Gateway:
+    """warmgate `ttft` in front of `fleet`, talking to it over `transport`."""
+    port = free_port()
+    cfg = fleet.warmgate_config("ttft", port) | {"upstream": {"transport": transport}}
+    path = workdir / f"warmgate-{transport}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    args = [sys.executable, "-m", "gateway.cli", "serve"]
+    env = {"WARMGATE_CONFIG": str(path), "WARMGATE_PORT": str(port)}
+    proc = await Proc.spawn(f"warmgate-{transport}", args, workdir / f"gw-{transport}.log", env)
+    await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+    return Gateway(transport, f"http://127.0.0.1:{port}/v1", proc, {})
+
+
+async def _cpu_per_request(
+    client: httpx.AsyncClient, url: str, pid: int, *, model: str, stream: bool, n: int
+) -> tuple[float, int]:
+    """(CPU ms of process `pid` per request over `n` sequential requests, failures)."""
+    before = cpu_s(pid)
+    failed = 0
+    for i in range(n):
+        if await _one(client, url, _body(i, model, stream), stream) is None:
+            failed += 1
+    return (cpu_s(pid) - before) * 1000.0 / n, failed
+
+
+def _added(g: float | None, d: float | None) -> float | None:
+    return None if g is None or d is None else round((g - d) * 1000.0, 3)
+
+
+async def measure_round(
+    gateways: dict[str, Gateway],
+    engine_url: str,
+    order: Sequence[str],
+    *,
+    model: str,
+    sequential: int,
+    rate: float,
+    requests: int,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """One round: every transport in `order`, both modes; {transport: {mode: figures}}."""
+    limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=STREAMS)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    async with (
+        httpx.AsyncClient(limits=limits, timeout=30.0) as gw_client,
+        httpx.AsyncClient(limits=limits, timeout=30.0) as direct,
+    ):
+        for transport in order:
+            gw = gateways[transport]
+            url = gw.base_url + "/chat/completions"
+            pid = gw.proc.proc.pid
+            out[transport] = {}
+            for mode in MODES:
+                stream = mode == "stream"
+                for i in range(20):  # warm connections and first-request paths
+                    await _one(gw_client, url, _body(i, model, stream), stream)
+                    await _one(direct, engine_url, _body(i, model, stream), stream)
+                cpu_ms, failed = await _cpu_per_request(
+                    gw_client, url, pid, model=model, stream=stream, n=sequential
+                )
+                kw: dict[str, Any] = {
+                    "model": model, "rate": rate, "streams": STREAMS, "stream": stream,
+                    "step_s": requests / rate, "min_requests": requests,
+                }  # fmt: skip
+                d = await run_step(direct, engine_url, **kw)
+                g = await run_step(gw_client, url, **kw)
+                out[transport][mode] = {
+                    "cpu_ms_per_request": round(cpu_ms, 3),
+                    "added_p50_ms": _added(g.p50, d.p50),
+                    "added_p99_ms": _added(g.p99, d.p99),
+                    "direct_p50_ms": None if d.p50 is None else round(d.p50 * 1000.0, 3),
+                    "errors": g.errors + failed,
+                }
+    return out
+
+
+def summarize(rounds: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, Any]:
+    """Per transport and mode: each metric's median and range over the rounds."""
+    summary: dict[str, Any] = {}
+    for transport in rounds[0]:
+        summary[transport] = {}
+        for mode in MODES:
+            per: dict[str, Any] = {}
+            for metric in METRICS:
+                values = [r[transport][mode][metric] for r in rounds]
+                values = [v for v in values if v is not None]
+                per[metric] = {
+                    "median": round(statistics.median(values), 3) if values else None,
+                    "min": min(values, default=None),
+                    "max": max(values, default=None),
+                }
+            per["errors"] = sum(r[transport][mode]["errors"] for r in rounds)
+            summary[transport][mode] = per
+    return summary
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "# Gateway overhead by upstream transport",
+        "",
+        f"`{result['command']}` at {result['commit']}, {result['started']}, "
+        f"{result['machine']['cpus']} CPUs. {result['method']}",
+        "",
+        "Median over the rounds, [min – max] in brackets:",
+        "",
+        "| transport | mode | CPU ms/request | added p50 ms | added p99 ms | errors |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+
+    def cell(m: dict[str, Any]) -> str:
+        if m["median"] is None:
+            return "–"
+        return f"{m['median']:.2f} [{m['min']:.2f} – {m['max']:.2f}]"
+
+    for transport, modes in result["summary"].items():
+        for mode, per in modes.items():
+            row = " | ".join(cell(per[k]) for k in METRICS)
+            lines.append(f"| {transport} | {mode} | {row} | {per['errors']} |")
+    lines += ["", "Each round (order as run):", ""]
+    lines += ["| round | transport | mode | CPU ms/request | added p50 ms | added p99 ms |"]
+    lines += ["|---:|---|---|---:|---:|---:|"]
+    for n, rnd in enumerate(result["rounds"], 1):
+        for transport, modes in rnd.items():
+            for mode, f in modes.items():
+                lines.append(
+                    f"| {n} | {transport} | {mode} | {f['cpu_ms_per_request']} | "
+                    f"{f['added_p50_ms']} | {f['added_p99_ms']} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    transports = [t for t in args.transports.split(",") if t]
+    workdir = Path(tempfile.mkdtemp(prefix="warmgate-overhead-"))
+    model = "sim-overhead"
+    spec = FleetSpec(instances=1, model=model, profile="zero", time_scale=1.0, tierd=False)
+    fleet = Fleet(spec, workdir)
+    gateways: dict[str, Gateway] = {}
+    rounds = []
+    started = datetime.now(UTC)
+    try:
+        await fleet.start()
+        for t in transports:
+            gateways[t] = await start_warmgate(fleet, t, workdir)
+        engine_url = fleet.engines["e0"] + "/v1/chat/completions"
+        for r in range(args.repeats):
+            order = transports[r % len(transports) :] + transports[: r % len(transports)]
+            t0 = time.monotonic()
+            kw = {"sequential": args.sequential, "rate": args.rate, "requests": args.requests}
+            rounds.append(await measure_round(gateways, engine_url, order, model=model, **kw))
+            print(f"[overhead] round {r + 1}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    finally:
+        await asyncio.gather(*(g.stop() for g in gateways.values()), return_exceptions=True)
+        await fleet.stop()
+    commit = await asyncio.to_thread(_commit)
+    return {
+        "command": command,
+        "commit": commit or "unknown",
+        "started": f"{started:%Y-%m-%d %H:%M} UTC",
+        "machine": machine(),
+        "method": (
+            f"{args.repeats} rounds; per round, transport and mode: CPU per request over "
+            f"{args.sequential} sequential requests (`/proc/<pid>/stat`, "
+            f"{_TICK_S * 1000:g} ms ticks), then {args.requests} requests at {args.rate:g} "
+            f"req/s (at most {STREAMS} in flight) straight to the engine and then through "
+            "the gateway: added = gateway percentile - direct percentile."
+        ),
+        "rounds": rounds,
+        "summary": summarize(rounds),
+    }
+
+
+def _commit() -> str:
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="warmgate bench overhead", description=__doc__)
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over every transport")
+    p.add_argument("--sequential", type=int, default=400, help="requests for CPU per request")
+    p.add_argument("--rate", type=float, default=25.0, help="req/s of the latency step")
+    p.add_argument("--requests", type=int, default=200, help="requests per latency step")
+    p.add_argument(
+        "--out", default=str(REPO / "bench" / "results" / "overhead-transports"),
+        help="writes <out>.json and <out>.md",
+    )  # fmt: skip
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    unknown = set(args.transports.split(",")) - set(TRANSPORTS)
+    if unknown:
+        p.error(f"unknown transport(s) {sorted(unknown)}; known: {', '.join(TRANSPORTS)}")
+    command = "warmgate bench overhead " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = asyncio.run(run(args, command.strip()))
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(render(result))
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
