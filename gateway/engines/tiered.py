@@ -45,10 +45,14 @@ def kv_block_bytes(model_dir: Path, block_size: int, dtype_bytes: int = 4) -> in
 
 
 def connector_config(
-    socket: Path, stats_dir: Path | None, load: str = "sync", lookup: str = "sync"
+    socket: Path,
+    stats_dir: Path | None,
+    load: str = "sync",
+    lookup: str = "sync",
+    save: str = "async",
 ) -> str:
     """The engine's `--kv-transfer-config` for tierd's connector."""
-    extra: dict[str, Any] = {"socket": str(socket), "load": load, "lookup": lookup}
+    extra: dict[str, Any] = {"socket": str(socket), "load": load, "lookup": lookup, "save": save}
     if stats_dir is not None:
         extra["stats_dir"] = str(stats_dir)
     return json.dumps(
@@ -73,6 +77,8 @@ class TieredConfig:
     loads: tuple[str, ...] = ()  # per engine, overriding `load` (tests run one of each)
     lookup: str = "sync"  # the connector's lookup mode: sync | async (off the loop)
     lookups: tuple[str, ...] = ()  # per engine, overriding `lookup`
+    save: str = "async"  # the connector's save mode: async (off the critical path) | sync
+    saves: tuple[str, ...] = ()  # per engine, overriding `save`
     python: str = sys.executable  # tierd's interpreter (this environment)
     # Residency events: each tierd publishes on ipc://<run_dir>/tierd-<i>.events and, with a
     # Redis, into the pool's stream, which the gateway's index reads (state backend redis).
@@ -167,6 +173,7 @@ class TieredInstance:
                     self.stats_dir,
                     cfg.loads[index] if index < len(cfg.loads) else cfg.load,
                     cfg.lookups[index] if index < len(cfg.lookups) else cfg.lookup,
+                    cfg.saves[index] if index < len(cfg.saves) else cfg.save,
                 ),
             ],
             extra_env={**fc.extra_env, "PYTHONPATH": str(REPO_ROOT)},

@@ -13,7 +13,9 @@ failure — a slice missing, corrupt, or tierd gone — is reported as failed bl
 Extra config: ``socket`` (tierd's KV socket, required), ``load`` (``sync`` | ``async``),
 ``lookup`` (``sync``: one blocking round trip on the scheduler loop; ``async``: in a thread,
 answering vLLM "not yet" (None) until it is back, so a slow tierd never stalls the loop),
-``stats_dir`` (JSON counters: ``scheduler-<pid>.json``, ``worker-<pid>.json``),
+``save`` (``async``, the default: `tierd.connector.saver`, off the critical path;
+``sync``: in `wait_for_save`), ``stats_dir`` (JSON counters: ``scheduler-<pid>.json``,
+``worker-<pid>.json``),
 ``namespace`` (override; default: model, dtype, block size, hash algorithm, hash seed).
 """
 
@@ -37,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tierd.connector import plan as P
+from tierd.connector.saver import AsyncSaver
 from tierd.connector.worker import BlockMover, Link, log, write_stats
 from tierd.kvwire import KvSocketError
 
@@ -60,6 +63,7 @@ class TierdConnectorMeta(KVConnectorMetadata):
 
     loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
     saves: list[tuple[int, int, int | None]] = field(default_factory=list)
+    fresh_blocks: set[int] = field(default_factory=set)  # handed out this step (saver)
 
 
 def namespace_of(vllm_config: VllmConfig) -> str:
@@ -92,6 +96,7 @@ class TierdConnector(KVConnectorBase_V1):
         self.socket = str(extra["socket"])
         self.async_load = str(extra.get("load", "sync")) == "async"
         async_lookup = str(extra.get("lookup", "sync")) == "async"
+        self.async_save = str(extra.get("save", "async")) == "async"
         self.namespace = str(extra.get("namespace") or namespace_of(vllm_config))
         self.block_size = int(vllm_config.cache_config.block_size)
         stats_dir = extra.get("stats_dir")
@@ -114,6 +119,7 @@ class TierdConnector(KVConnectorBase_V1):
         self._lookups: dict[str, tuple[tuple[int, int], Future[tuple[int, dict[str, int]]]]] = {}
         # worker side
         self.mover: BlockMover | None = None
+        self.saver: AsyncSaver | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._recving: dict[str, tuple[Future[set[int]], list[int]]] = {}
         self._errors: set[int] = set()
@@ -210,7 +216,10 @@ class TierdConnector(KVConnectorBase_V1):
         meta = TierdConnectorMeta(loads=list(self._pending.items()))
         self._pending.clear()
         so = scheduler_output
+        for _, pairs in meta.loads:
+            meta.fresh_blocks.update(b for _, b in pairs)
         for nr in so.scheduled_new_reqs:
+            meta.fresh_blocks.update(nr.block_ids[0] if nr.block_ids else ())
             plan = self._plans.get(nr.req_id)
             req = self._reqs.get(nr.req_id)
             if plan is None or req is None:
@@ -221,6 +230,8 @@ class TierdConnector(KVConnectorBase_V1):
             done = nr.num_computed_tokens + so.num_scheduled_tokens.get(nr.req_id, 0)
             meta.saves += P.due_saves(plan, self._keys_of(req), done, self.block_size)
         cached = so.scheduled_cached_reqs
+        for new_ids in cached.new_block_ids:  # every request's, planned or not
+            meta.fresh_blocks.update(new_ids[0] if new_ids else ())
         for i, rid in enumerate(cached.req_ids):
             plan = self._plans.get(rid)
             req = self._reqs.get(rid)
@@ -272,12 +283,21 @@ class TierdConnector(KVConnectorBase_V1):
         )
         if self.async_load:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-load")
+        if self.async_save:
+            self.saver = AsyncSaver(self.mover, self.counters)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        meta = kv_connector_metadata  # first thing in a step: no block is written before
+        if self.saver is not None and isinstance(meta, TierdConnectorMeta):
+            self.saver.before_writes(meta.fresh_blocks)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TierdConnectorMeta)
         if self.mover is None:
             return
+        if self.saver is not None:  # handle_preemptions did; cheap if so
+            self.saver.before_writes(meta.fresh_blocks)
         for rid, pairs in meta.loads:
             if self._pool is not None:
                 ids = [b for _, b in pairs]
@@ -300,7 +320,9 @@ class TierdConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TierdConnectorMeta)
-        if self.mover is not None and meta.saves:
+        if self.saver is not None:
+            self.saver.submit(meta.saves, self.block_size)
+        elif self.mover is not None and meta.saves:
             self.mover.save(meta.saves, self.block_size)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -326,6 +348,8 @@ class TierdConnector(KVConnectorBase_V1):
             self._lookup_pool.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self.saver is not None:
+            self.saver.close()
         if self.mover is not None:
             self.mover.close()
         self._write_stats()

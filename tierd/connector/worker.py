@@ -84,9 +84,13 @@ def write_stats(path: Path | None, counters: Counter[str]) -> None:
     """The counters as one JSON file, replaced whole: how tests and benches read them."""
     if path is None:
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     try:
-        tmp.write_text(json.dumps(dict(counters)))
+        snapshot = dict(counters)  # the save thread may add a key meanwhile: next time
+    except RuntimeError:
+        return
+    try:
+        tmp.write_text(json.dumps(snapshot))
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("cannot write connector stats to %s: %s", path, exc)
