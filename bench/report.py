@@ -21,6 +21,7 @@ import numpy as np
 
 from bench.engine_metrics import EngineDelta
 from bench.replay import RequestRecord
+from bench.tier_stats import TIERS_NOTE, tiers_table
 
 
 def pct(values: Sequence[float], q: float) -> float | None:
@@ -167,6 +168,7 @@ TABLE_COLUMNS = (
     ("outside_engine_ttft_mean_s", "TTFT outside engine, mean s"),
     ("cached_token_ratio", "cached ratio"),
     ("load_imbalance", "imbalance"),
+    ("throughput_rps", "req/s"),
     ("requests", "requests"),
     ("errors", "errors"),
     ("machine_load_mean", "machine load"),
@@ -293,6 +295,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             accuracy_table(gateways),
             "",
         ]
+    if any("tierd_saved_blocks" in r for r in gateways.values()):
+        lines += ["## tierd", "", TIERS_NOTE, "", tiers_table(gateways), ""]
     notes = results.get("notes") or []
     if notes:
         lines += ["Notes:", "", *[f"- {n}" for n in notes], ""]

@@ -12,6 +12,7 @@ from typing import Any
 from tierd import events as ev
 from tierd.engine_events import EngineEvents
 from tierd.events import EventPublisher
+from tierd.hints import HintLedger
 from tierd.kvserver import KvServer
 from tierd.loader import Loader
 from tierd.prefetch import ChainPrefetcher
@@ -42,11 +43,12 @@ class Daemon:
         )
         self.store = TieredStore(settings, self.events, clock)
         self.loader = Loader(self.store)
-        self.prefetcher = ChainPrefetcher(self.store, self.loader)
+        self.hints = HintLedger()  # prefetch on time? (the hint, then the engine's ask)
+        self.prefetcher = ChainPrefetcher(self.store, self.loader, self.hints)
         self.snapshotter = Snapshotter(self.store)
         self.kv: KvServer | None = None
         if settings.kv_socket is not None:
-            self.kv = KvServer(self.store, self.loader, settings.kv_socket)
+            self.kv = KvServer(self.store, self.loader, settings.kv_socket, self.hints)
         self.engine_events: EngineEvents | None = None
         if self.kv is not None and settings.engine_events:
             self.engine_events = EngineEvents(settings.engine_events, self.kv)

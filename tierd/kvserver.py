@@ -27,6 +27,7 @@ from typing import Any
 
 from tierd import events as ev
 from tierd.counters import ThroughputMeter
+from tierd.hints import HintLedger
 from tierd.kvwire import decode_length, encode
 from tierd.loader import Loader
 from tierd.slices import SliceMeta, make_meta
@@ -49,8 +50,11 @@ class Conn:
 class KvServer:
     """Serves the KV socket of one tierd."""
 
-    def __init__(self, store: TieredStore, loader: Loader, path: Path) -> None:
+    def __init__(
+        self, store: TieredStore, loader: Loader, path: Path, hints: HintLedger | None = None
+    ) -> None:
         self.store = store
+        self.hints = hints
         self.loader = loader
         self.path = path
         self.namespace = store.settings.kv_namespace
@@ -199,6 +203,8 @@ class KvServer:
     async def _lookup(self, hashes: list[int]) -> dict[str, Any]:
         found = await self.store.lookup(hashes)
         n = int(found["available"])
+        if self.hints is not None:  # before the reads below: was the prefetch on time?
+            self.hints.asked(hashes[:n], lambda h: self.store.l1.entry(h) is not None)
         self.counters["lookup_blocks"] += len(hashes)
         self.counters["lookup_hit_blocks"] += n
         if n and found["counts"][ev.GPU] < n:  # start the reads now: the load joins them
@@ -330,4 +336,5 @@ class KvServer:
         self.counters["engine_removed"] += len(hashes)
 
     def stats(self) -> dict[str, Any]:
-        return {"socket": str(self.path), "namespace": self.namespace, **self.counters}
+        hints = self.hints.stats() if self.hints is not None else {}
+        return {"socket": str(self.path), "namespace": self.namespace, **self.counters, **hints}

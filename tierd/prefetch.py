@@ -17,6 +17,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+from tierd.hints import HintLedger
 from tierd.loader import Loaded, Loader, Transfer
 from tierd.store import TieredStore
 
@@ -24,9 +25,10 @@ from tierd.store import TieredStore
 class ChainPrefetcher:
     """Runs prefetch hints against one store."""
 
-    def __init__(self, store: TieredStore, loader: Loader) -> None:
+    def __init__(self, store: TieredStore, loader: Loader, hints: HintLedger | None = None) -> None:
         self.store = store
         self.loader = loader
+        self.hints = hints
 
     async def prefetch(
         self, hashes: list[int], deadline_s: float, session: str | None = None
@@ -35,6 +37,8 @@ class ChainPrefetcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, deadline_s)
         st.counters.prefetch_requests += 1
+        if self.hints is not None:
+            self.hints.hinted(hashes)
         if session:
             st.sessions.new_turn(session)
             st.sessions.add(session, hashes)

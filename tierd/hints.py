@@ -1,0 +1,80 @@
+"""Was the prefetch on time? What a hint asked for, checked when the engine asks for it.
+
+The gateway hints a request's block chain (in the engine's hashes) to the tierd of the
+instance it routes to, before the engine sees the request (`tierd.prefetch`). The engine's
+connector then looks up the blocks past its own prefix cache (`tierd.kvserver`). For each
+hinted block that the engine asks tierd for, the first time it does: was it in tierd's
+host memory (L1) by then (``on_time``) or still elsewhere — the array, a snapshot, or being
+read (``late``)? Blocks the engine never asks for (its own cache had them) are not counted,
+nor is an ask more than `ttl_s` after the hint (a later turn's, not this hint's). A hint
+that arrives after the engine already asked for its blocks (the gateway sends it beside the
+request, not before it) is ``late`` for those blocks.
+The on-time share is ``on_time / (on_time + late)``; `bench compare --tiers` reports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+DEFAULT_CAPACITY = 1 << 17  # hinted blocks remembered (oldest forgotten first)
+DEFAULT_TTL_S = 30.0  # a hint answers for the engine's asks this long
+
+
+class HintLedger:
+    """Hinted blocks awaiting the engine's first ask, and the outcome counts."""
+
+    def __init__(
+        self,
+        capacity: int = DEFAULT_CAPACITY,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._pending: OrderedDict[int, float] = OrderedDict()  # hash -> when hinted
+        self._asked: OrderedDict[int, float] = OrderedDict()  # hash -> when asked, unhinted
+        self.counters: Counter[str] = Counter()
+
+    def hinted(self, hashes: Iterable[int]) -> None:
+        now = self._clock()
+        for h in hashes:
+            asked = self._asked.pop(h, None)
+            if asked is not None and now - asked <= self.ttl_s:
+                self.counters["hinted_blocks"] += 1
+                self.counters["late"] += 1  # the engine asked before the hint came
+                continue
+            if h in self._pending:
+                self._pending.move_to_end(h)
+            else:
+                self.counters["hinted_blocks"] += 1
+            self._pending[h] = now
+        while len(self._pending) > self.capacity:
+            self._pending.popitem(last=False)
+            self.counters["hinted_forgotten"] += 1
+
+    def asked(self, hashes: Iterable[int], in_host: Callable[[int], bool]) -> None:
+        """The engine asks for `hashes` (tierd holds them in some tier)."""
+        now = self._clock()
+        for h in hashes:
+            at = self._pending.pop(h, None)
+            if at is None:
+                self._asked[h] = now
+                self._asked.move_to_end(h)
+                continue
+            if now - at > self.ttl_s:
+                self.counters["hint_expired"] += 1
+            else:
+                self.counters["on_time" if in_host(h) else "late"] += 1
+        while len(self._asked) > self.capacity:
+            self._asked.popitem(last=False)
+
+    def stats(self) -> dict[str, Any]:
+        asked = self.counters["on_time"] + self.counters["late"]
+        return {
+            **{f"prefetch_{k}": v for k, v in self.counters.items()},
+            "prefetch_on_time_share": round(self.counters["on_time"] / asked, 4) if asked else None,
+        }
