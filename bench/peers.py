@@ -48,6 +48,7 @@ WARMGATE_POLICIES = {
     "warmgate-ttft": "ttft",
     "warmgate-prefix": "prefix",
     "round-robin": "round_robin",
+    "warmgate-ttft-bare": "ttft",  # with --tiers: warmgate ttft on engines without tierd
 }
 PEER_BINARIES = {
     "smg": PEERS_VENV / "bin" / "smg",

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.peers import gateway_in_front
+from bench.peers import WARMGATE_POLICIES, gateway_in_front
 from gateway.engines.models import ensure_tiny_model
 from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
@@ -42,6 +42,7 @@ class RealFleetSpec:
     instances: int = 2
     kv_cache_gib: float = 1.0
     block_size: int | None = None  # None: the engine's default (128 on CPU)
+    num_gpu_blocks: int | None = None  # each engine's KV in blocks (None: kv_cache_gib's)
     start_timeout_s: float = 300.0
     # tierd beside each engine for warmgate's own gateways (the KV connector, one shared
     # array, `tierd_url` in warmgate's config: prefetch hints and measured tier bandwidths);
@@ -66,6 +67,7 @@ class RealFleet:
         self.cfg = FleetConfig(
             model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,
             block_size=spec.block_size, kv_cache_gib=spec.kv_cache_gib,
+            num_gpu_blocks=spec.num_gpu_blocks,
             start_timeout_s=spec.start_timeout_s,
         )  # fmt: skip
         self.fleet: VllmFleet | TieredFleet = (
@@ -156,7 +158,8 @@ async def real_fleet_with_gateway(
     """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None)."""
     # short path: ipc:// socket paths must fit in 107 bytes
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
-    tiered = spec.tiers and (gateway or "").startswith("warmgate")
+    # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
+    tiered = spec.tiers and gateway in WARMGATE_POLICIES and not gateway.endswith("-bare")
     # may build the model once
     fleet = await asyncio.to_thread(lambda: RealFleet(spec, workdir, tiered=tiered))
     async with gateway_in_front(fleet, gateway, workdir, keep_logs) as pair:

@@ -63,13 +63,27 @@ CPU_SCALE = GameParams(
     raid_window_s=5.0,
     raid_turns=(2, 4),
 )
-SCALES = {"default": GameParams(), "cpu": CPU_SCALE}
+# The same game on engines whose own KV cache is too small for it (`--scale cpu-overflow`):
+# 20 players, longer thinks and pauses, and each engine's KV cut to 48 blocks of 128 tokens
+# (6,144 tokens, `--num-gpu-blocks-override`) where the players' contexts add up to several
+# times that, so a player's next turn finds its KV evicted from the engine. Sized before any
+# run with an LRU model of each engine's prefix cache over the generated requests (seed 11,
+# sessions sticky to an engine): hits 0.75 of prompt blocks with an unbounded cache, 0.56
+# with 48 blocks, i.e. 49k against 88k prompt tokens to compute, within two CPU engines.
+OVERFLOW_SCALE = replace(CPU_SCALE, think_median_s=12.0, idle_mean_s=20.0)
+OVERFLOW_DEFAULTS = {"players": 20, "engine_kv_blocks": 48}
+SCALES = {"default": GameParams(), "cpu": CPU_SCALE, "cpu-overflow": OVERFLOW_SCALE}
+
+
+def scale_defaults(scale: str | None) -> dict[str, int]:
+    """`bench compare` defaults a scale brings (explicit flags win)."""
+    return dict(OVERFLOW_DEFAULTS) if scale == "cpu-overflow" else {}
 
 
 def game_items(players: int, minutes: float, seed: int, scale: str = "default") -> list[ReplayItem]:
     """The game workload for `players` over `minutes` at `scale` (`default`: sim.players'
-    parameters; `cpu`: CPU_SCALE), generated in process: each request's messages, reply
-    length and session key."""
+    parameters; `cpu`: CPU_SCALE; `cpu-overflow`: OVERFLOW_SCALE), generated in process:
+    each request's messages, reply length and session key."""
     base = SCALES[scale]
     requests = generate(replace(base, players=players, minutes=minutes, seed=seed))
     return [

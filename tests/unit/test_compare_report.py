@@ -68,3 +68,28 @@ def test_report_of_a_real_run() -> None:
         "| smg | exposes no prediction (x- headers: `x-request-id`, `x-smg-routed-worker-id`)" in md
     )
     assert "| dynamo | skipped: dynamo.vllm does not import |" in md
+
+
+def test_the_overflow_scale_brings_its_defaults_and_flags_win() -> None:
+    from bench.compare import parse_args
+
+    args = parse_args(["--engines", "vllm", "--workload", "game", "--scale", "cpu-overflow"])
+    assert (args.players, args.engine_kv_blocks, args.minutes) == (20, 48, 1.5)
+    args = parse_args(
+        ["--engines", "vllm", "--workload", "game", "--scale", "cpu-overflow", "--players", "9"]
+    )
+    assert (args.players, args.engine_kv_blocks) == (9, 48)
+    assert parse_args(["--engines", "vllm", "--workload", "game"]).engine_kv_blocks is None
+
+
+def test_the_report_shows_tierd_and_the_prefetch_on_time_share() -> None:
+    summary = summarize(_records("warmgate-ttft"), {})
+    tiers = {
+        "prefetch_on_time_share": 0.875, "prefetch_on_time": 7, "prefetch_late": 1,
+        "tierd_loaded_tokens": 1280, "tierd_load_failed_blocks": 0, "tierd_saved_blocks": 40,
+        "save_ms_per_block": 2.1, "save_wait_ms_per_block": 0.4,
+        "lookup_rtt_p50_us_worst_engine": 210,
+    }  # fmt: skip
+    md = render_markdown({"name": "t", "gateways": {"warmgate-ttft": {**summary, **tiers}}})
+    assert "## tierd" in md and "**87.5%**" in md and "| 8 | 1280 |" in md
+    assert "## tierd" not in render_markdown({"name": "t", "gateways": {"smg": summary}})
