@@ -46,6 +46,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--window-min", type=float, default=5.0)
     p.add_argument("--run-dir", default=None)
+    p.add_argument(
+        "--trace-memory", type=float, default=0.0, metavar="S",
+        help="diagnostic: run the gateway under tracemalloc (bench.memtrace), a snapshot "
+        "every S s; the growth sites go into the JSON (slows the gateway: not a soak figure)",
+    )  # fmt: skip
     return p.parse_args(list(argv))
 
 
@@ -81,6 +86,7 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
     base = fleet.gateway_urls[0]
     load = Load([base], players=args.players, max_tokens=args.max_tokens, keep=False)
     samples: list[dict[str, Any]] = []
+    missed: list[str] = []
     async with httpx.AsyncClient(timeout=10) as client:
         await load.run(rate=5.0, duration_s=10.0)  # warm: connections, the index, the JIT-less
         capacity = await load.closed_loop(args.concurrency, args.capacity_s)
@@ -90,14 +96,18 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
         stop = asyncio.Event()
 
         async def sampler() -> None:
-            while not stop.is_set():
-                samples.append(await _sample(fleet, client))
+            while True:
+                try:
+                    samples.append(await _sample(fleet, client))
+                except httpx.HTTPError as exc:  # a slow answer is a missed sample, not the end
+                    missed.append(f"{time.monotonic() - started:.0f} s: {exc!r}")
+                if stop.is_set():
+                    return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.sample_s)
-            samples.append(await _sample(fleet, client))
 
-        task = asyncio.create_task(sampler())
         started = time.monotonic()
+        task = asyncio.create_task(sampler())
         await load.run(rate=rate, duration_s=args.minutes * 60)
         ended = time.monotonic()
         stop.set()
@@ -119,7 +129,10 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
         "requests": len(results),
         "shed_by_client_cap": load.shed,
         "failed": sum(r.status != 200 or r.failed_mid_stream for r in results),
-        "failures": dict(Counter(r.error for r in results if r.error).most_common(10)),
+        "failures": dict(Counter(
+            f"{r.error} ({'mid-stream' if r.failed_mid_stream else 'before the first byte'})"
+            for r in results if r.error
+        ).most_common(10)),
         "rss_start_mb": round(samples[0]["rss_bytes"] / 2**20, 1),
         "rss_after_first_window_mb": round(base_rss / 2**20, 1),
         "rss_end_mb": round(last["rss_bytes"] / 2**20, 1),
@@ -139,8 +152,19 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
         "ttft_p99_last_vs_first_pct": None
         if not (p99_first and p99_last)
         else round(100 * (p99_last / p99_first - 1), 1),
+        "samples_missed": missed,
         "samples": samples,
     }  # fmt: skip
+
+
+def memory_trace(path: Path) -> dict[str, Any]:
+    """The series (traced MB, live objects, gc) and the last snapshot's growth sites."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    series = [{k: r[k] for k in r if k != "growth"} for r in rows]
+    return {
+        "series": series,
+        "growth_last": rows[-1].get("growth", []) if rows else [],
+    }
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -174,11 +198,18 @@ def main(argv: Sequence[str]) -> int:
     run_dir = (
         Path(args.run_dir) if args.run_dir else out.with_suffix("").with_name(out.stem + "-run")
     )
-    fleet = SimFleet(run_dir, instances=args.instances, time_scale=args.time_scale).start()
+    fleet = SimFleet(run_dir, instances=args.instances, time_scale=args.time_scale)
+    trace = run_dir / "memtrace.jsonl"
+    if args.trace_memory:
+        trace.unlink(missing_ok=True)
+        fleet.gateway_launcher = ("-m", "bench.memtrace", str(trace), str(args.trace_memory))
     try:
+        fleet.start()
         result = asyncio.run(soak(args, fleet))
     finally:
         fleet.stop()
+    if args.trace_memory:
+        result["memory_trace"] = memory_trace(trace)
     out.write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

@@ -2,7 +2,7 @@
 fed by `Router.dispatch_observers` on every dispatch, read by the operator page.
 
 Counts decay exponentially (`half_life_s`), so "hot" means hot lately, and each table is
-bounded (`max_keys`; the coldest half is dropped when it fills). A prefix is named by the
+bounded (`max_keys`, 2,000; the coldest half is dropped when it fills). A prefix is named by the
 hash of a request's first blocks (the chain hash of the last of them), so
 the requests it counts share at least that many leading blocks: an NPC's persona and
 world state, typically. `prefix_tokens` (256) is rounded up to whole blocks of the request's
@@ -29,13 +29,20 @@ class _Heat:
     sessions: set[str] = field(default_factory=set)
 
 
+# The page shows the 10 hottest of each table. A prefix key is per conversation start when
+# the shared text is shorter than `prefix_tokens`, so at a game's request rate a 10,000-key
+# table took ~25 minutes to fill (the soak's gateway RSS grew until then, ~450 B a key); at
+# 2,000 it is full within minutes and pruning keeps the hot half.
+MAX_KEYS = 2_000
+
+
 class HotTracker:
     def __init__(
         self,
         *,
         half_life_s: float = 120.0,
         prefix_tokens: int = 256,
-        max_keys: int = 10_000,
+        max_keys: int = MAX_KEYS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._rate = math.log(2) / half_life_s

@@ -55,3 +55,17 @@ vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="disk
         "cached_by_source": {"device": 64.0, "disk": 32.0},
     }
     assert engine_figures("") == {}
+
+
+def test_hot_tables_stay_within_the_default_bound_for_any_number_of_keys() -> None:
+    """Distinct sessions and prefixes without end (players come and go) fill each table
+    to 2,000 keys at most (the page shows 10): the soak's gateway RSS reaches its steady
+    state within minutes."""
+    now = [0.0]
+    hot = HotTracker(clock=lambda: now[0])
+    decision = Decision("a", "ttft", "r", 32, {"hbm": 32})
+    for k in range(6007):
+        now[0] += 0.01
+        hot.observe(_rr(f"player-{k}", 1000 * (k + 1), n=20), decision, "a")
+    assert 0 < len(hot.sessions) <= 2_000 and 0 < len(hot.prefixes) <= 2_000
+    assert hot.top(1)["sessions"][0]["key"] == "player-6006"  # the newest kept

@@ -1,0 +1,26 @@
+"""`warmgate bench soak --trace-memory` end to end on a short run: the gateway runs under
+`bench.memtrace`, and the JSON carries its traced-memory series and growth sites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gateway.cli import main
+
+
+def test_soak_with_memory_trace(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    argv = [
+        "bench", "soak", "--json", str(out), "--minutes", "0.4", "--capacity-s", "3",
+        "--concurrency", "4", "--sample-s", "3", "--window-min", "0.1", "--players", "20",
+        "--trace-memory", "4",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert r["requests"] > 0 and r["failed"] == 0
+    trace = r["memory_trace"]
+    assert len(trace["series"]) >= 2
+    assert all(s["traced_mb"] > 1 and s["gc_objects"] > 0 for s in trace["series"])
+    assert trace["growth_last"] and all("where" in g for g in trace["growth_last"])
+    assert "files_kb" in trace["series"][-1]
