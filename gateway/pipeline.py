@@ -27,7 +27,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.parse import ParsedRequest, route_request
 from gateway.prefetch import PrefetchHints
 from gateway.session_bindings import SessionBindings
-from gateway.settings import Settings
+from gateway.settings import Settings, hint_keys
 from gateway.tokens import PreciseChains
 from router.router import Router
 from router.types import Decision, NoCandidateError, RouteRequest
@@ -132,10 +132,10 @@ class RequestPipeline:
     ) -> PrefetchPlan | None:
         if not self.prefetch.wants(instance):
             return None
-        # The keys tierd holds (`tiers.hint_keys`): the simulated engine's slices go by the
-        # gateway's approximate blocks; tierd's vLLM connector keys them by the engine's own
-        # block hashes (contracts.slices), precise mode's chain.
-        if self.precise is None or self.settings.tiers.hint_keys == "engine":
+        # The keys tierd holds (`tiers.hint_keys`, by default the routing mode's): tierd's
+        # vLLM connector keys slices by the engine's own block hashes (contracts.slices),
+        # precise mode's chain; the simulated engine's go by the approximate blocks.
+        if self.precise is None or hint_keys(self.settings) == "engine":
             chain: Sequence[int] = rr.block_hashes
         else:
             chain = route_request(parsed, self.settings.routing).block_hashes

@@ -202,10 +202,20 @@ class TierSettings(StrictModel):
     prefetch: bool = True  # send a prefetch hint to the chosen instance's tierd
     prefetch_deadline_s: float = Field(default=2.0, gt=0)
     stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
-    # The keys tierd holds slices under: `approximate` (the gateway's character blocks, what
-    # `sim.engine` stores) or `engine` (the engine's own block hashes, what tierd's vLLM KV
-    # connector stores; precise mode computes the same chain).
-    hint_keys: Literal["approximate", "engine"] = "approximate"
+    # The keys tierd holds slices under (contracts.slices): `approximate` (the gateway's
+    # character blocks, what `sim.engine` stores) or `engine` (the engine's own block hashes,
+    # what tierd's vLLM KV connector stores; precise mode computes the same chain). `auto`:
+    # the routing mode's (`engine` in precise mode, else `approximate`); see `hint_keys()`.
+    hint_keys: Literal["auto", "approximate", "engine"] = "auto"
+
+
+def hint_keys(settings: Settings) -> Literal["approximate", "engine"]:
+    """The keys a prefetch hint names: `tiers.hint_keys`, or with `auto` the routing mode's
+    slice keys (the engine's block hashes in precise mode)."""
+    keys = settings.tiers.hint_keys
+    if keys == "auto":
+        return "engine" if settings.routing.mode == "precise" else "approximate"
+    return keys
 
 
 class FleetSettings(StrictModel):
