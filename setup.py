@@ -37,8 +37,8 @@ C_SOURCES = sorted(p.name for p in NATIVE.glob("*.c"))
 GPU_SOURCE = NATIVE / "gpu_backend.cu"
 TIERD_EXT = "tierd.native._native"
 ROUTER = Path("router")
-# the module (hot loops) and the block table it walks
-ROUTER_ACCEL_SOURCES = [ROUTER / "_accel.c", ROUTER / "blockmap.c"]
+# the module (hot loops), the block table it walks (its Python type) and the table's storage
+ROUTER_ACCEL_SOURCES = [ROUTER / "_accel.c", ROUTER / "blockmap.c", ROUTER / "blockmap_table.c"]
 
 
 def _in_ci() -> bool:

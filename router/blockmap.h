@@ -1,5 +1,6 @@
-/* router/blockmap.h: the prefix index's block table as a C type, shared by its
- * implementation (blockmap.c) and the chain walk that reads it (_accel.c).
+/* router/blockmap.h: the prefix index's block table as a C type, shared by its storage
+ * (blockmap_table.c), its Python type (blockmap.c) and the chain walk that reads it
+ * (_accel.c).
  *
  * BlockMap: the prefix index's block table (u64 block hash -> packed int), a dict stand-in.
  *
@@ -50,8 +51,23 @@ typedef struct {
 extern PyTypeObject BlockMapType;
 extern PyTypeObject BlockMapItemsType;
 
+#define BM_MIN_CAPACITY 8
+
+/* The table's storage (blockmap_table.c). */
+
 /* key as a u64: 0, or -1 with TypeError (not an int) or OverflowError (outside [0, 2**64)) */
 int bm_key(PyObject *obj, uint64_t *key);
+
+/* A zeroed array of `capacity` slots (huge pages advised), or NULL with MemoryError. */
+Slot *bm_alloc_slots(size_t capacity);
+
+/* Store value (a new reference is taken) under key, growing the table past its fill
+ * limit. 0, or -1 with an error set. */
+int bm_set(BlockMap *m, uint64_t key, PyObject *value);
+
+/* Remove the entry in `slot` and return its value (the map's reference, now the
+ * caller's). */
+PyObject *bm_take(BlockMap *m, Slot *slot);
 
 /* murmur3's 64-bit finalizer: a bijection whose low bits depend on every key bit. Block
  * hashes are already uniform, but small or sequential keys (tests, other callers) would
