@@ -68,6 +68,9 @@ class RealFleet:
             model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,
             block_size=spec.block_size, kv_cache_gib=spec.kv_cache_gib,
             num_gpu_blocks=spec.num_gpu_blocks,
+            # vLLM refuses a context its KV cannot hold: a small cache gets a shorter one
+            max_model_len=(spec.num_gpu_blocks - 1) * (spec.block_size or 128)
+            if spec.num_gpu_blocks else None,
             start_timeout_s=spec.start_timeout_s,
         )  # fmt: skip
         self.fleet: VllmFleet | TieredFleet = (
