@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -27,10 +29,20 @@ from gateway.state import app_state
 from router.state.base import StateUnavailableError
 
 
-def _unavailable(exc: StateUnavailableError) -> OpenAIError:
-    return OpenAIError(
-        503, f"the fleet store is unavailable: {exc}", type="server_error", code="state_unavailable"
-    )
+@contextlib.contextmanager
+def _fleet_change(status: int, code: str) -> Iterator[None]:
+    """A fleet change's refusal as `status`/`code`; the store being down as a 503."""
+    try:
+        yield
+    except FleetError as exc:
+        raise OpenAIError(status, str(exc), code=code) from None
+    except StateUnavailableError as exc:
+        raise OpenAIError(
+            503,
+            f"the fleet store is unavailable: {exc}",
+            type="server_error",
+            code="state_unavailable",
+        ) from None
 
 
 def build_fleet_router() -> APIRouter:
@@ -59,12 +71,8 @@ def build_fleet_router() -> APIRouter:
                 f"instance {spec.id!r} refused: {exc}", "invalid_request_error", None, "invalid"
             )
             return JSONResponse({**body_out, "checks": exc.to_list()}, status_code=422)
-        try:
+        with _fleet_change(409, "conflict"):
             await fleet.add(spec)
-        except FleetError as exc:
-            raise OpenAIError(409, str(exc), code="conflict") from None
-        except StateUnavailableError as exc:
-            raise _unavailable(exc) from None
         return JSONResponse(
             {
                 "instance": spec.model_dump(),
@@ -78,12 +86,8 @@ def build_fleet_router() -> APIRouter:
     async def drain_instance(instance_id: str, request: Request) -> JSONResponse:
         state = app_state(request)
         fleet = fleet_of(state)
-        try:
+        with _fleet_change(404, "instance_not_found"):
             await fleet.drain(instance_id)
-        except FleetError as exc:
-            raise OpenAIError(404, str(exc), code="instance_not_found") from None
-        except StateUnavailableError as exc:
-            raise _unavailable(exc) from None
         return JSONResponse(
             {
                 "id": instance_id,
@@ -98,12 +102,8 @@ def build_fleet_router() -> APIRouter:
         state = app_state(request)
         fleet = fleet_of(state)
         in_flight = state.router.load.view(instance_id)[0]
-        try:
+        with _fleet_change(404, "instance_not_found"):
             await fleet.remove(instance_id)
-        except FleetError as exc:
-            raise OpenAIError(404, str(exc), code="instance_not_found") from None
-        except StateUnavailableError as exc:
-            raise _unavailable(exc) from None
         return JSONResponse({"id": instance_id, "status": "removed", "in_flight": in_flight})
 
     @router.get("/fleet")

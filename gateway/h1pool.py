@@ -98,14 +98,6 @@ class H1Pool:
         self._open = 0
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
-        self._targets: dict[str, Target] = {}
-
-    def target(self, url: str) -> Target:
-        """`url` parsed (once: instance URLs and paths are few and fixed)."""
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = Target.parse(url)
-        return target
 
     async def post(
         self,

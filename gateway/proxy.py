@@ -32,7 +32,13 @@ from gateway.parse import ParsedRequest, upstream_body
 from gateway.resume import resumer as _resumer
 from gateway.roles import access_of
 from gateway.state import AppState
-from gateway.transport import Target, UpstreamError, UpstreamLocalError, UpstreamTimeout
+from gateway.transport import (
+    Target,
+    UpstreamError,
+    UpstreamLocalError,
+    UpstreamTimeout,
+    target_of,
+)
 from gateway.upstream import (
     AttemptConnectFailed,
     AttemptFailed,
@@ -170,7 +176,7 @@ async def _attempt(
     headers: dict[str, str],
     resume: Resume | None = None,
 ) -> Response:
-    target = state.upstream.target(state.health.instance_url(instance) + path)
+    target = target_of(state.health.instance_url(instance) + path)
     attempt = inflight_of(state).begin(instance)
     try:
         return await _attempt_on(

@@ -11,7 +11,7 @@ from gateway.continuation import SoFar, continuation_body
 from gateway.inflight import inflight_of
 from gateway.json_codec import encode
 from gateway.state import AppState
-from gateway.transport import UpstreamError
+from gateway.transport import UpstreamError, target_of
 from gateway.upstream import Resume, Resumed
 
 log = logging.getLogger("warmgate.proxy")
@@ -37,7 +37,7 @@ def resumer(
             tried.add(instance)
             inflight = inflight_of(state)
             attempt = inflight.begin(instance)
-            target = state.upstream.target(state.health.instance_url(instance) + path)
+            target = target_of(state.health.instance_url(instance) + path)
             try:
                 resp = await state.upstream.post(target, headers, raw, t.first_byte_s)
             except UpstreamError as exc:

@@ -9,9 +9,10 @@ The proxy (gateway/proxy.py, gateway/upstream.py, gateway/resume.py) sees only
 - `httpx`: httpx's AsyncClient (gateway/transport_httpx.py).
 
 The contract, which tests/unit/test_transports.py holds every implementation to:
-- `post()` sends one POST and returns once the response head arrived (within `head_s`,
-  default `read_s`); the body is then read as it arrives with `aiter_bytes()` (each wait
-  bounded by `read_s`, the first by `first_s`) or whole with `aread()`.
+- `post()` sends one POST to a `Target` (`target_of(url)`) and returns once the response
+  head arrived (within `head_s`, default `read_s`); the body is then read as it arrives
+  with `aiter_bytes()` (each wait bounded by `read_s`, the first by `first_s`) or whole
+  with `aread()`.
 - `aclose()` on a response is always called (idempotent); a response read to its end gives
   its connection back for reuse, one closed before its end (the client left, a cancel) has
   its connection closed, and either way the connection's slot is free again.
@@ -27,6 +28,7 @@ The contract, which tests/unit/test_transports.py holds every implementation to:
 from __future__ import annotations
 
 import errno
+import functools
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -88,6 +90,12 @@ class Target:
         return cls(parts.hostname, port, parts.netloc.encode("idna"), path.encode("ascii"), url)
 
 
+@functools.lru_cache(maxsize=4096)
+def target_of(url: str) -> Target:
+    """`url` parsed, once (instance URLs and paths are few and fixed)."""
+    return Target.parse(url)
+
+
 class Headers(Mapping[str, str]):
     """Response headers, names lower-cased; a repeated header reads as its values joined
     with ", " (as httpx does)."""
@@ -139,8 +147,6 @@ class UpstreamTransport(Protocol):
     """The proxy's connections to the engines, shared by every proxied request."""
 
     timeouts: Timeouts
-
-    def target(self, url: str) -> Target: ...
 
     async def post(
         self,

@@ -80,13 +80,6 @@ class AiohttpTransport:
         self._max_connections = max_connections
         self._keep_alive = max_keepalive > 0
         self._session: aiohttp.ClientSession | None = None  # made in the running loop
-        self._targets: dict[str, Target] = {}
-
-    def target(self, url: str) -> Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = Target.parse(url)
-        return target
 
     def _open(self) -> aiohttp.ClientSession:
         t = self.timeouts

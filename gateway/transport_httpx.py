@@ -81,13 +81,6 @@ class HttpxTransport:
         )
         for name in ("user-agent", "accept"):  # the proxy sends what it means to
             del self._client.headers[name]
-        self._targets: dict[str, Target] = {}
-
-    def target(self, url: str) -> Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = Target.parse(url)
-        return target
 
     async def post(
         self,

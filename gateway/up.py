@@ -175,25 +175,44 @@ def wait_http(child: Child, url: str, timeout_s: float) -> None:
     wait_for(child.tree, url, timeout_s)
 
 
-def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, tierds: bool) -> str:
+def banner_text(
+    headline: str,
+    base_url: str,
+    model: str,
+    details: list[str],
+    *,
+    call: str = "",
+    notes: tuple[str, ...] = (),
+) -> str:
+    """What `warmgate up` prints once everything answers (simulated and vLLM fleets alike):
+    where things are, then how to call it with the OpenAI SDK (`call`: arguments before
+    `messages`)."""
     return "\n".join(
         [
             "",
-            f"warmgate is up: {args.instances} simulated instances ({args.profile}, time scale "
-            f"{args.time_scale:g}){', each with a tierd' if tierds else ''}",
+            headline,
             f"  base URL:  {base_url}",
             f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
-            f"  logs:      {run_dir}",
+            *details,
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{base_url}", api_key="unused")',
-            f'  print(client.chat.completions.create(model="{model}", messages=[{{"role": "user", '
-            '"content": "Hello!"}]).choices[0].message.content)',
+            f'  print(client.chat.completions.create(model="{model}", {call}messages=[{{"role": '
+            '"user", "content": "Hello!"}]).choices[0].message.content)',
             "",
+            *notes,
             "Ctrl-C stops everything.",
             "",
         ]
     )
+
+
+def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, tierds: bool) -> str:
+    headline = (
+        f"warmgate is up: {args.instances} simulated instances ({args.profile}, time scale "
+        f"{args.time_scale:g}){', each with a tierd' if tierds else ''}"
+    )
+    return banner_text(headline, base_url, model, [f"  logs:      {run_dir}"])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from gateway.engines.process import ProcessTree
 from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
 from gateway.engines.vllm_metrics import cache_config
-from gateway.up import Interrupted
+from gateway.up import Interrupted, banner_text
 
 SERVED_MODEL = "warmgate-tiny"
 
@@ -108,34 +108,19 @@ def _wait_gateway(tree: ProcessTree, url: str, timeout_s: float) -> None:
 def banner(base_url: str, fleet: Fleet, run_dir: Path, config: dict[str, Any]) -> str:
     precise = config["routing"]["precise"]
     model = fleet.cfg.served_model_name
-    return "\n".join(
-        [
-            "",
-            f"warmgate is up: {len(fleet.engines)} vLLM engines ({model}, one core each), "
-            f"precise mode (block size {precise['block_size']}, {precise['vllm_hash_algo']})",
-            f"  base URL:  {base_url}",
-            f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
-            f"  engines:   {', '.join(e.url for e in fleet)}",
-            *(
-                [
-                    f"  tierds:    {', '.join(fleet.tierd_urls.values())} "
-                    f"(KV connector, shared array {fleet.array_dir})"
-                ]
-                if isinstance(fleet, TieredFleet)
-                else []
-            ),
-            f"  logs:      {run_dir}",
-            "",
-            "  from openai import OpenAI",
-            f'  client = OpenAI(base_url="{base_url}", api_key="unused")',
-            f'  print(client.chat.completions.create(model="{model}", max_tokens=16, '
-            'messages=[{"role": "user", "content": "Hello!"}]).choices[0].message.content)',
-            "",
-            "(random weights: the text is noise; the caching, routing and timing are real.)",
-            "Ctrl-C stops everything.",
-            "",
-        ]
+    headline = (
+        f"warmgate is up: {len(fleet.engines)} vLLM engines ({model}, one core each), "
+        f"precise mode (block size {precise['block_size']}, {precise['vllm_hash_algo']})"
     )
+    details = [f"  engines:   {', '.join(e.url for e in fleet)}"]
+    if isinstance(fleet, TieredFleet):
+        details.append(
+            f"  tierds:    {', '.join(fleet.tierd_urls.values())} "
+            f"(KV connector, shared array {fleet.array_dir})"
+        )
+    details.append(f"  logs:      {run_dir}")
+    notes = ("(random weights: the text is noise; the caching, routing and timing are real.)",)
+    return banner_text(headline, base_url, model, details, call="max_tokens=16, ", notes=notes)
 
 
 def run(args: argparse.Namespace) -> int:
