@@ -34,105 +34,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import plots
+from bench import compare_args, plots
 from bench.claims import run_claims
 from bench.engine_metrics import MetricsPoller
 from bench.overhead import measure_overhead
-from bench.peers import REPO, FleetSpec, fleet_with_gateway, peer_missing
+from bench.peers import FleetSpec, fleet_with_gateway, peer_missing
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
 from bench.tier_stats import tier_figures
-from bench.workloads import SCALES, game_items, scale_defaults, sidecar_items, trace_items
-
-OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
-OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
-# --engines vllm: what changes by default (explicit flags win)
-VLLM_DEFAULTS = {
-    "players": 16,
-    "minutes": 1.5,
-    "instances": 2,
-    "seed": 11,  # not a seed anything was tuned on (the simulator's runs used 7)
-    "scale": "cpu",
-    "peers": "smg,smg-prefix-hash,sglang-router,litellm,dynamo",
-}
-SIM_DEFAULTS = {
-    "players": 60, "minutes": 3.0, "instances": 3, "seed": 7, "scale": "default",
-    "peers": "smg,litellm",
-}  # fmt: skip
+from bench.workloads import SCALES, game_items, sidecar_items, trace_items
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="warmgate bench compare", description=__doc__)
-    p.add_argument(
-        "--workload", required=True,
-        help="game | sidecar:FILE (a game text sidecar) | trace:FILE (Mooncake format)",
-    )  # fmt: skip
-    p.add_argument(
-        "--engines", choices=("sim", "vllm"), default="sim",
-        help="sim: simulated engines; vllm: real vLLM engines (bash scripts/install-engine.sh)",
-    )  # fmt: skip
-    p.add_argument("--players", type=int, default=None, help="game: players (60; vllm: 16)")
-    p.add_argument("--minutes", type=float, default=None, help="minutes of traffic (3; vllm 1.5)")
-    p.add_argument("--instances", type=int, default=None, help="engines (3; vllm: 2)")
-    p.add_argument("--scale", choices=tuple(SCALES), default=None, help="game sizes")
-    p.add_argument(
-        "--engine-kv-blocks", type=int, default=None,
-        help="vllm: each engine's KV cache in blocks (cpu-overflow: 48; default: 1 GiB's)",
-    )  # fmt: skip
-    p.add_argument(
-        "--peers", default=None,
-        help="comma list of smg, smg-prefix-hash, sglang-router, litellm, dynamo",
-    )  # fmt: skip
-    p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
-    p.add_argument(
-        "--tiers",
-        action="store_true",
-        help="vllm: a tierd with the KV connector beside each engine for warmgate's runs",
-    )
-    p.add_argument("--json", dest="json_out", help="also write results.json here")
-    p.add_argument("--seed", type=int, default=None, help="workload seed (7; vllm: 11)")
-    p.add_argument("--profile", default="qwen2.5-32b-h200")
-    p.add_argument(
-        "--time-scale", type=float, default=0.5, help="engines' wall seconds per modelled second"
-    )
-    p.add_argument(
-        "--compress", type=float, default=None, help="arrival compression (default 1/time-scale)"
-    )
-    p.add_argument("--concurrency", type=int, default=512, help="client cap on in-flight")
-    p.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine L1 KV tokens")
-    p.add_argument("--trace-block-tokens", type=int, default=512)
-    p.add_argument(
-        "--tier-block-chars", type=int, default=1024,
-        help="chars per tierd slice = warmgate's routing block: 1024 = 256 tokens, LMCache's "
-        "chunk; smaller slices multiply the simulator's per-slice HTTP round trips",
-    )  # fmt: skip
-    p.add_argument("--name", default=None)
-    p.add_argument("--results-dir", default=str(REPO / "bench" / "results"))
-    p.add_argument("--no-overhead", action="store_true")
-    p.add_argument("--no-claims", action="store_true")
-    p.add_argument("--overhead-step-s", type=float, default=2.0)
-    p.add_argument("--overhead-gateways", default=",".join(OVERHEAD_GATEWAYS))
-    p.add_argument("--overhead-rates", default="10,25,50,100,200", help="req/s ladder")
-    p.add_argument("--overhead-streams", default="64,512", help="concurrent stream caps")
-    p.add_argument("--overhead-min-requests", type=int, default=60, help="per rate step")
-    p.add_argument("--claims-levels", default="8,16", help="concurrent requests per instance")
-    p.add_argument(
-        "--claims-kv-capacity-tokens", type=int, default=128_000,
-        help="engine HBM KV tokens in the claims runs (pressure: tiers matter when it overflows)",
-    )  # fmt: skip
-    p.add_argument("--claims-requests", type=int, default=240, help="requests per claims run")
-    p.add_argument(
-        "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
-    )
-    args = p.parse_args(list(argv))
-    defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}
-    for key, value in {**defaults, **scale_defaults(args.scale)}.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.engines == "vllm":
-        args.time_scale, args.no_claims, args.no_overhead = 1.0, True, True
-    return args
+    return compare_args.parse_args(argv, description=__doc__)
 
 
 def _log(msg: str) -> None:
