@@ -91,3 +91,26 @@ def test_compare_writes_every_artefact(tmp_path: Path) -> None:
     for png in ("ttft_cdf.png", "cached_by_tier.png", "requests_per_instance.png"):
         data = (out / png).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 5000
+
+
+@pytest.mark.slow
+def test_overhead_runs_every_transport_and_writes_both_files(tmp_path: Path) -> None:
+    """`warmgate bench overhead`, one tiny round: every transport measured in both modes,
+    CPU per request read from the gateway's process, no request failed."""
+    out = tmp_path / "overhead"
+    args = [
+        sys.executable, "-m", "gateway.cli", "bench", "overhead", "--repeats", "1",
+        "--sequential", "60", "--requests", "10", "--rate", "50", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert set(result["summary"]) == {"h1pool", "aiohttp", "httpx"}
+    for modes in result["rounds"][0].values():
+        assert set(modes) == {"non-stream", "stream"}
+        for figures in modes.values():
+            assert figures["errors"] == 0
+            # 60 requests of the gateway take several 10 ms ticks of its own process
+            assert figures["cpu_ms_per_request"] > 0
+            assert figures["added_p50_ms"] is not None
+    assert "| h1pool | stream |" in out.with_suffix(".md").read_text()
