@@ -67,10 +67,10 @@ async def _tierd_slices(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str,
 
 
 async def run_row(
-    fault: Fault, extra: Any, args: argparse.Namespace, run_dir: Path
+    fault: Fault, extra: Any, args: argparse.Namespace, run_dir: Path, fleet: Any = None
 ) -> dict[str, Any]:
     needs = dict(fault.needs)
-    fleet = SimFleet(
+    fleet = fleet or SimFleet(
         run_dir,
         instances=args.instances,
         time_scale=args.time_scale,
@@ -80,7 +80,7 @@ async def run_row(
         gateway_settings=GATEWAY,
         engine_args=("--kv-capacity-tokens", "20000"),
     )
-    if needs.get("tierd"):
+    if needs.get("tierd") and isinstance(fleet, SimFleet):
         fleet.tierd_args = ("--l1-bytes", str(4 * 262144))
     if isinstance(extra, DiskFull):
         extra.prepare(fleet)
@@ -91,6 +91,8 @@ async def run_row(
             players=args.players,
             max_tokens=args.max_tokens,
             retry_other=len(fleet.gateway_urls) > 1,
+            model=fleet.model,
+            body_extra=fleet.body_extra,
         )
         async with httpx.AsyncClient(timeout=2.0) as client:
             t_start = time.monotonic()
@@ -105,7 +107,7 @@ async def run_row(
             recover_t = time.monotonic()
             await fault.recover(fleet)
             recover = await _first_true(
-                lambda: fault.cleared(fleet, client), recover_t, recover_t + 60
+                lambda: fault.cleared(fleet, client), recover_t, recover_t + args.recover_window
             )
             results = await run
             after = await _tierd_slices(fleet, client) if fleet.tierds else None
@@ -154,6 +156,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--verify", type=int, default=150, help="answers re-asked of an engine")
     p.add_argument("--only", action="append", help="run only faults whose name has this")
     p.add_argument("--run-dir", default=None)
+    p.add_argument("--engines", choices=("sim", "vllm"), default="sim", help="bench.chaos_real")
+    p.add_argument("--recover-window", type=float, default=60.0, help="s to wait for recovery")
     return p.parse_args(list(argv))
 
 
@@ -179,6 +183,10 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     out = Path(args.json)
     base = Path(args.run_dir) if args.run_dir else out.with_name(out.stem + "-run")
+    if args.engines == "vllm":
+        from bench.chaos_real import main as real_main
+
+        return real_main(args, out, base)
     rows: list[dict[str, Any]] = []
     for i, (fault, extra) in enumerate(faults()):
         if args.only and not any(o.lower() in fault.name.lower() for o in args.only):

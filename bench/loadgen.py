@@ -76,7 +76,11 @@ class Load:
         retry_other: bool = False,
         max_in_flight: int = 400,
         keep: bool = True,
+        model: str = MODEL,
+        body_extra: dict[str, Any] | None = None,
     ) -> None:
+        self.model = model
+        self.body_extra = {"ignore_eos": True} if body_extra is None else body_extra
         self.keep = keep  # keep each request's body and text (for `verify`); not in a soak
         self.urls = list(urls)
         self.players = [Player(i) for i in range(players)]
@@ -134,12 +138,12 @@ class Load:
         async with self._sem:
             messages = player.messages(self.max_turns)
             body = {
-                "model": MODEL,
+                "model": self.model,
                 "messages": messages,
                 "max_tokens": self.max_tokens,
                 "stream": True,
                 "user": f"player-{player.pid}",
-                "ignore_eos": True,
+                **self.body_extra,
             }
             res = Result(started=time.monotonic(), body=body)
             for i, url in enumerate(self.urls):

@@ -62,7 +62,10 @@ def engine_block_size(metrics_text: str) -> int | None:
 class RealFleet:
     """Fresh vLLM engines, one core each."""
 
-    def __init__(self, spec: RealFleetSpec, run_dir: Path, *, tiered: bool = False) -> None:
+    def __init__(
+        self, spec: RealFleetSpec, run_dir: Path, *, tiered: bool = False, **tiered_args: Any
+    ) -> None:
+        """`tiered_args`: `gateway.engines.tiered.TieredConfig` fields (`redis_url`, ...)."""
         self.spec = spec
         self.cfg = FleetConfig(
             model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,
@@ -74,7 +77,7 @@ class RealFleet:
             start_timeout_s=spec.start_timeout_s,
         )  # fmt: skip
         self.fleet: VllmFleet | TieredFleet = (
-            TieredFleet(TieredConfig(self.cfg)) if tiered else VllmFleet(self.cfg)
+            TieredFleet(TieredConfig(self.cfg, **tiered_args)) if tiered else VllmFleet(self.cfg)
         )
         tf = self.fleet if isinstance(self.fleet, TieredFleet) else None
         self.tierd_urls = tf.tierd_urls if tf else {}

@@ -128,6 +128,8 @@ class SimFleet:
     array_dir: Path | None = None
     # how `gateway.serve` is run: `python -m` it, or through a wrapper such as bench.memtrace
     gateway_launcher: tuple[str, ...] = ("-m",)
+    model: str = MODEL  # what the load asks for, with `body_extra`
+    body_extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
 
     def start(self) -> SimFleet:
         try:
