@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from bench.chaos_faults import faults
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleet, RealFleetSpec
 from bench.sim_fleet import Proc, free_port, wait_http, wait_redis
 from gateway.engines.tiered import TierdProcess
@@ -73,7 +74,7 @@ class EngineProc:
         self.engine.kill_all()
 
     def start(self) -> None:
-        self.engine.start()
+        self.engine.start()  # in the caller's thread (PDEATHSIG: see TierdProc.start)
         # wait_ready also records EngineCore and Worker so a later stop reaches them
         threading.Thread(target=self.engine.wait_ready, daemon=True).start()
 
@@ -91,7 +92,10 @@ class TierdProc:
         self.tierd.kill()
 
     def start(self) -> None:
-        threading.Thread(target=self.tierd.start, daemon=True).start()
+        # here, not in a thread of its own: the child's PDEATHSIG follows the thread that
+        # started it (a thread that ends takes its tierd along); ready in well under 1 s,
+        # and counted in the time to recover
+        self.tierd.start()
 
 
 class RealChaosFleet:
@@ -159,7 +163,7 @@ class RealChaosFleet:
 
 
 async def run(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
-    from bench.chaos import faults, run_row  # bench.chaos imports this module late
+    from bench.chaos import run_row  # bench.chaos imports this module late
 
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
