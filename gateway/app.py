@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import Depends, FastAPI
 
+from contracts.errors import ConfigurationError
 from gateway.admin import build_admin_router
 from gateway.asgi_app import GatewayApp
 from gateway.engine_check import check_engines
@@ -62,8 +63,13 @@ def build_upstream(settings: Settings) -> UpstreamTransport:
     limits = {"max_connections": t.max_connections, "max_keepalive": t.max_keepalive}
     match settings.upstream.transport:
         case "aiohttp":
-            from gateway.transport_aiohttp import AiohttpTransport  # the `transports` extra
-
+            try:  # the `transports` extra
+                from gateway.transport_aiohttp import AiohttpTransport
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"upstream.transport: aiohttp needs aiohttp ({exc}): "
+                    "pip install 'warmgate[transports]'"
+                ) from None
             return AiohttpTransport(timeouts, **limits)
         case "httpx":
             return HttpxTransport(timeouts, **limits)

@@ -7,11 +7,13 @@ limit, `abort()`, and every failure mapped to its `UpstreamError` class."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import pytest
 
+from contracts.errors import ConfigurationError
 from gateway.app import build_upstream
 from gateway.h1pool import H1Pool
 from gateway.settings import Settings
@@ -22,6 +24,7 @@ from gateway.transport import (
     UpstreamReadError,
     UpstreamTimeout,
     UpstreamTransport,
+    target_of,
 )
 from gateway.transport_aiohttp import AiohttpTransport
 from gateway.transport_httpx import HttpxTransport
@@ -388,6 +391,15 @@ def test_the_setting_picks_the_transport_and_refuses_typos() -> None:
         Settings(upstream={"transprt": "httpx"})
 
 
+def test_aiohttp_without_the_extra_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "gateway.transport_aiohttp")
+    with pytest.raises(ConfigurationError, match=r"warmgate\[transports\]"):
+        build_upstream(Settings(upstream={"transport": "aiohttp"}))
+
+
 def test_targets_parse_once_per_url() -> None:
     t = Target.parse("http://engine.local:8001/v1/completions?x=1")
     assert (t.host, t.port, t.host_header, t.path) == (
@@ -395,3 +407,5 @@ def test_targets_parse_once_per_url() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError):
         Target.parse("https://engine.local/v1")
+    url = "http://engine.local:8001/v1/chat/completions"
+    assert target_of(url) is target_of(url) and target_of(url) == Target.parse(url)
