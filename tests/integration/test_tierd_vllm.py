@@ -128,6 +128,9 @@ def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
     assert a_out["ids"] == recompute["ids"]
     stats = b.stats()
     assert stats["loaded_blocks"] >= full // BLOCK
+    # the native module's block copier moved them (host backend on CPU), torch not at all
+    assert stats["copy_path_native-host"] == 1 and stats["native_copies"] > 0
+    assert "torch_copy_calls" not in stats and "native_copy_errors" not in stats
     assert stats["lookup_rtt_samples"] >= 1
     assert stats["lookups_deferred"] >= 1  # B looked up off the scheduler loop
     assert "lookups_deferred" not in fleet.instances[0].stats()  # A on it

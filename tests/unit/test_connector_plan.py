@@ -36,9 +36,30 @@ def test_flash_attention_layout_is_k_then_v() -> None:
 
 def test_a_layout_not_dense_below_the_block_dim_is_refused() -> None:
     with pytest.raises(ValueError, match="dense"):
-        layer_runs((10, 4, 8), (64, 1, 4), 4, 0, 10)
+        layer_runs((10, 4, 8), (64, 1, 8), 4, 0, 10)  # a gap between the 4s
     with pytest.raises(ValueError, match="blocks"):
         layer_runs((3, 4), (4, 1), 4, 0, 10)
+    with pytest.raises(ValueError, match="overlapping"):
+        layer_runs((10, 4, 8), (16, 8, 1), 4, 0, 10)  # blocks 32 elements wide, 16 apart
+
+
+def test_a_permuted_dense_view_is_one_run() -> None:
+    """vLLM 0.32: logical (blocks, heads, block size, 2*head dim) over NHD memory
+    (blocks, block size, heads, 2*head dim): the block's bytes are still one run."""
+    nb, bs, h, c = 50, 16, 8, 256
+    phys = strides((nb, bs, h, c))
+    r = layer_runs((nb, h, bs, c), (phys[0], phys[2], phys[1], phys[3]), 2, 0, nb)
+    assert r.starts == (0,)
+    assert r.run_bytes == bs * h * c * 2 == r.block_stride
+
+
+def test_an_outer_dimension_by_stride_gives_one_run_per_index() -> None:
+    """LHBNC: logical (blocks, heads, block size, C) over (heads, blocks, block size, C)."""
+    nb, h, bs, c = 20, 4, 16, 128
+    phys = strides((h, nb, bs, c))
+    r = layer_runs((nb, h, bs, c), (phys[1], phys[0], phys[2], phys[3]), 2, 0, nb)
+    assert r.starts == tuple(i * nb * bs * c * 2 for i in range(h))
+    assert r.run_bytes == bs * c * 2 == r.block_stride
 
 
 def test_copies_lay_layers_end_to_end_in_the_slice() -> None:

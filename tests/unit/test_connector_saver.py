@@ -19,20 +19,29 @@ class GatedMover:
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.saved: list[list[tuple[int, int, int | None]]] = []
+        self.streams: list[int | None] = []
 
-    def save(self, items: Sequence[tuple[int, int, int | None]], block_size: int) -> None:
+    def save(
+        self,
+        items: Sequence[tuple[int, int, int | None]],
+        block_size: int,
+        stream: int | None = None,
+    ) -> None:
         assert self.gate.wait(10), "the test never opened the gate"
         self.saved.append(list(items))
+        self.streams.append(stream)
 
 
 def test_submit_returns_before_the_copy_and_drain_waits_for_it() -> None:
     mover, counters = GatedMover(), Counter[str]()
     saver = AsyncSaver(mover, counters)
-    saver.submit([(1, 10, None), (2, 11, 1)], 128)  # the gate is shut: would block if sync
+    # the gate is shut: would block if sync; 77: the engine's stream, taken on its thread
+    saver.submit([(1, 10, None), (2, 11, 1)], 128, 77)
     assert mover.saved == []
     threading.Timer(0.05, mover.gate.set).start()
     saver.drain()  # returns only once the copy is done
     assert mover.saved == [[(1, 10, None), (2, 11, 1)]]
+    assert mover.streams == [77]  # the save thread copies after that stream's work
     assert counters["saves_async"] == 1 and counters["save_waits"] == 1
     assert counters["save_wait_us"] > 0
     saver.close()

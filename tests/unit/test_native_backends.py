@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,9 @@ def test_gpu_backends_built_where_their_compiler_is() -> None:
         assert info["cuda"]["built"], info["cuda"]
     for gpu in ("hip", "cuda"):
         row = info[gpu]
+        # a built library loads and resolves the whole ABI (wg_gpu_load says "lacks" / "has
+        # ABI" / "cannot load" otherwise); without a device it says so
+        assert not row["built"] or not re.search("lacks|has ABI|cannot load", row["reason"]), row
         if row["built"] and not row["usable"]:
             assert row["devices"] == 0 and row["reason"]
         if row["usable"]:

@@ -2,20 +2,22 @@
 
 A tierd slice is one block of all layers: for each layer in name order, the block's
 contiguous runs in that layer's tensor, laid end to end. The block dimension is the one
-sized `num_blocks`; dims before it give several runs per block, dims after it must be
-dense. Layouts seen:
+sized `num_blocks`; dims with a larger stride give several runs per block, dims with a
+smaller one must tile a dense run (in any order). Layouts seen:
 
 - vLLM CPU: ``(num_blocks, kv_heads, block_size, 2*head_dim)``: one run per block per layer
   (K of the block's tokens, then their V, per head) — the whole block is one memcpy.
 - vLLM GPU, FlashAttention: ``(2, num_blocks, block_size, kv_heads, head_dim)``: two runs
   (K then V) per block per layer.
 - FlashInfer / HND: ``(num_blocks, 2, kv_heads, block_size, head_dim)``: one run.
+- vLLM 0.32's per-layer views: logical ``(num_blocks, kv_heads, block_size, 2*head_dim)``
+  with the backend's physical stride order (``KVCacheLayout``): NHD strides still give one
+  run per block; an H-outer order (LHBNC) gives one run per head.
 Engines that share a namespace share a layout, so runs copy byte for byte between them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,25 +45,35 @@ def layer_runs(
     num_blocks: int,
     storage: int = 0,
 ) -> LayerRuns:
-    """The runs of one layer tensor (shape and strides in elements, as torch gives them)."""
+    """The runs of one layer tensor (shape and strides in elements, as torch gives them).
+
+    The block dimension is the first one sized `num_blocks`. Every other dimension (size > 1)
+    is inner (stride below the block stride: together they must tile one dense run, in any
+    order, so permuted views such as vLLM's NHD-strided [B, H, N, C] are one run) or outer
+    (stride above it, like FlashAttention's leading K/V dimension: one run per index, in
+    logical order)."""
     dims = [i for i, n in enumerate(shape) if n == num_blocks]
     if not dims:
         raise ValueError(f"no dimension of {tuple(shape)} has {num_blocks} blocks")
     bd = dims[0]
-    inner = shape[bd + 1 :]
-    expect = 1
-    for n, s in zip(reversed(inner), reversed(strides[bd + 1 :]), strict=True):
-        if n != 1 and s != expect:
+    bstride = strides[bd]
+    others = [(strides[i], shape[i], i) for i in range(len(shape)) if i != bd and shape[i] > 1]
+    inner = sorted((s, n) for s, n, _ in others if s < bstride)
+    outer = [(s, n) for s, n, _ in sorted(others, key=lambda o: o[2]) if s > bstride]
+    run = 1
+    for s, n in inner:
+        if s != run:
             raise ValueError(f"layout {tuple(shape)}/{tuple(strides)} is not dense below blocks")
-        expect *= n
-    run = math.prod(inner)
+        run *= n
+    if len(inner) + len(outer) != len(others) or (num_blocks > 1 and bstride < run):
+        raise ValueError(f"layout {tuple(shape)}/{tuple(strides)} has overlapping blocks")
     starts = [storage_offset]
-    for n, s in zip(shape[:bd], strides[:bd], strict=True):
+    for s, n in outer:
         starts = [b + i * s for b in starts for i in range(n)]
     return LayerRuns(
         storage=storage,
         starts=tuple(x * itemsize for x in starts),
-        block_stride=strides[bd] * itemsize,
+        block_stride=bstride * itemsize,
         run_bytes=run * itemsize,
     )
 

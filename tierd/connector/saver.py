@@ -35,7 +35,7 @@ Items = Sequence[tuple[int, int, int | None]]
 class Mover(Protocol):
     """What the saver needs of `tierd.connector.worker.BlockMover` (torch-free here)."""
 
-    def save(self, items: Items, block_size: int) -> None: ...
+    def save(self, items: Items, block_size: int, stream: int | None = None) -> None: ...
 
 
 class AsyncSaver:
@@ -47,10 +47,11 @@ class AsyncSaver:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-save")
         self._inflight: list[tuple[Future[None], frozenset[int]]] = []
 
-    def submit(self, items: Items, block_size: int) -> None:
-        """Start saving these (key, block id, parent key); returns at once."""
+    def submit(self, items: Items, block_size: int, stream: int | None = None) -> None:
+        """Start saving these (key, block id, parent key); returns at once. `stream`: the
+        engine's stream (taken on its thread) that native GPU copies must follow."""
         if items:
-            fut = self._pool.submit(self.mover.save, list(items), block_size)
+            fut = self._pool.submit(self.mover.save, list(items), block_size, stream)
             self._inflight.append((fut, frozenset(b for _, b, _ in items)))
             self.counters["saves_async"] += 1
 

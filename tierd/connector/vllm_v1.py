@@ -298,10 +298,12 @@ class TierdConnector(KVConnectorBase_V1):
             return
         if self.saver is not None:  # handle_preemptions did; cheap if so
             self.saver.before_writes(meta.fresh_blocks)
+        stream = self.mover.current_stream()  # the engine's, for a load on the pool thread
         for rid, pairs in meta.loads:
             if self._pool is not None:
                 ids = [b for _, b in pairs]
-                self._recving[rid] = (self._pool.submit(self.mover.load, pairs), ids)
+                fut = self._pool.submit(self.mover.load, pairs, stream)
+                self._recving[rid] = (fut, ids)
             else:
                 self._errors |= self.mover.load(pairs)
 
@@ -320,12 +322,14 @@ class TierdConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TierdConnectorMeta)
-        if self.saver is not None:
-            self.saver.submit(meta.saves, self.block_size)
+        if self.saver is not None and self.mover is not None:
+            self.saver.submit(meta.saves, self.block_size, self.mover.current_stream())
         elif self.mover is not None and meta.saves:
             self.mover.save(meta.saves, self.block_size)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.mover is not None:
+            self.mover.poll()  # commit saves whose device copies are done
         done: set[str] = set()
         for rid, (fut, ids) in list(self._recving.items()):
             if not fut.done():

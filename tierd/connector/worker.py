@@ -1,13 +1,14 @@
 """The connector's worker side: copies blocks between the engine's KV tensors and tierd's
 shared L1 arena, and keeps its links to tierd.
 
-Host KV (vLLM CPU) moves through the native module's `copy_batch` (parallel memcpy, GIL
-released) straight between the KV storage and the mapped arena. Device KV (CUDA/HIP) moves
-with torch copies between the device tensor and the arena mapped as a host tensor; that
-path has not run on a GPU in this repository yet (no device here); the device check
-(`python -m tierd.connector.device_check` with the engine's python) runs it on whatever
-device torch has, and on the CPU here. A link that fails is dropped and retried after a pause;
-while it is down, loads fail (the engine recomputes) and saves are skipped, both counted.
+Blocks move through the native module's `BlockCopier` (`tierd.connector.copier`: its host
+backend for vLLM CPU, its CUDA/HIP backend for KV on a GPU, all layers in one call) or,
+where that is not possible, torch copies; `copier.choose` says which, once, and it is
+logged and counted. On a GPU a save only enqueues its copies; the slots are committed to
+tierd when they are done (`poll`, each engine step). The GPU paths have not run in this
+repository yet (no device here); `scripts/tierd-device-check.sh` runs them on one. A link
+that fails is dropped and retried after a pause; while it is down, loads fail (the engine
+recomputes) and saves are skipped, both counted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from tierd.connector import copier
 from tierd.connector.layout import BlockLayout, LayerRuns, layer_runs
 from tierd.kvwire import KvClient, KvSocketError
 
@@ -132,34 +134,61 @@ class BlockMover:
             )
         self.layout = BlockLayout(tuple(layers))
         self.storages = list(storages.values())
-        # torch copies for device KV (and, for the device check, on demand on the CPU)
-        self.on_device = torch_copies or any(s.device.type != "cpu" for s in self.storages)
+        self.copy_path, why = copier.choose(self.storages, force_torch=torch_copies)
+        self.native: copier.NativeCopies | None = None
+        if self.copy_path != "torch":
+            self.native = copier.NativeCopies(
+                self.copy_path, self.layout, self.storages, num_blocks, counters
+            )
+        counters[f"copy_path_{self.copy_path}"] = 1
         self.save_link = Link(path, namespace, "worker-save", counters)
         self.load_link = Link(path, namespace, "worker-load", counters)
         self._load_lock = threading.Lock()
+        self._save_lock = threading.Lock()  # the save link and the saver copier: one user
+        # saves whose GPU copies are in flight: (client, ticket, commit items, t0)
+        self._pending: list[tuple[KvClient, int, list[list[Any]], float]] = []
         log.info(
-            "tierd connector: %d layers, %d bytes per block, %s copies",
+            "tierd connector: %d layers, %d bytes per block, %s copies (%s)",
             len(layers),
             self.layout.slice_bytes,
-            "torch (device)" if self.on_device else "native (host)",
+            self.copy_path,
+            why,
         )
 
     # -- copies --------------------------------------------------------------------------
 
+    def current_stream(self) -> int | None:
+        """The engine's current stream (GPU native path), for a load run on another thread."""
+        return self.native.current_stream() if self.native else None
+
     def _copy(
-        self, arena: Any, blocks: Sequence[int], offsets: Sequence[int], *, load: bool
-    ) -> None:
+        self,
+        arena: Any,
+        blocks: Sequence[int],
+        offsets: Sequence[int],
+        *,
+        load: bool,
+        stream: int | None = None,
+    ) -> int | None:
+        """Copies these blocks; for a native save, the ticket to wait for before the commit
+        (host backend: done already; it takes the same deferred path, so that path runs on
+        CPU engines too), else None: the bytes are where they go on return."""
+        if self.native is not None:
+            if stream is None:
+                stream = self.native.current_stream()
+            try:
+                if load:
+                    self.native.load(arena, blocks, offsets, stream)
+                    return None
+                return self.native.save(arena, blocks, offsets, stream)
+            except RuntimeError as exc:  # the GPU runtime failed: torch does this one
+                self.counters["native_copy_errors"] += 1
+                log.warning("native block copy failed (%s); torch copies this batch", exc)
+        self.counters["torch_copy_calls"] += 1
+        if self.storages[0].device.type == "cuda":  # ROCm builds say "cuda" too
+            torch.cuda.synchronize()  # the engine's work (any stream, any thread) is done
         for sidx, (eng, slc, sizes) in self.layout.copies(blocks, offsets).items():
             storage = self.storages[sidx]
-            if not self.on_device:
-                from tierd.native import copy_batch
-
-                view = storage.numpy()
-                if load:
-                    copy_batch(view, eng, arena, slc, sizes)
-                else:
-                    copy_batch(arena, slc, view, eng, sizes)
-                continue
             host = torch.frombuffer(arena, dtype=torch.uint8)
             for e, s, n in zip(eng, slc, sizes, strict=True):
                 if load:
@@ -168,16 +197,18 @@ class BlockMover:
                     host[s : s + n].copy_(storage[e : e + n])
             if not load and storage.device.type == "cuda":  # ROCm builds say "cuda" too
                 torch.cuda.synchronize()  # the arena must hold the bytes before the commit
+        return None
 
     # -- loads ---------------------------------------------------------------------------
 
-    def load(self, pairs: Sequence[tuple[int, int]]) -> set[int]:
+    def load(self, pairs: Sequence[tuple[int, int]], stream: int | None = None) -> set[int]:
         """Copy these (key, block id) into the engine; the block ids that failed (from the
-        first one that did: vLLM recomputes from there)."""
+        first one that did: vLLM recomputes from there). `stream`: the engine's stream the
+        load must follow (default: this thread's current one)."""
         with self._load_lock:
-            return self._load(pairs)
+            return self._load(pairs, stream)
 
-    def _load(self, pairs: Sequence[tuple[int, int]]) -> set[int]:
+    def _load(self, pairs: Sequence[tuple[int, int]], stream: int | None) -> set[int]:
         ids = [b for _, b in pairs]
         t0 = time.perf_counter()
         try:
@@ -190,9 +221,10 @@ class BlockMover:
                 if slot is None or slot[1] != self.layout.slice_bytes:
                     break
                 good += 1
-            self._copy(client.arena, ids[:good], [s[0] for s in slots[:good]], load=True)
+            arena, offsets = client.arena, [s[0] for s in slots[:good]]
+            self._copy(arena, ids[:good], offsets, load=True, stream=stream)
             client.send({"op": "release", "lease": answer["lease"]})
-        except (KvSocketError, KeyError, TypeError) as exc:
+        except (KvSocketError, KeyError, TypeError, ValueError, IndexError) as exc:
             if not isinstance(exc, KvSocketError):
                 self.load_link.fail(exc)
             self.counters["load_failed_blocks"] += len(ids)
@@ -207,9 +239,24 @@ class BlockMover:
 
     # -- saves ---------------------------------------------------------------------------
 
-    def save(self, items: Sequence[tuple[int, int, int | None]], block_size: int) -> None:
+    def save(
+        self,
+        items: Sequence[tuple[int, int, int | None]],
+        block_size: int,
+        stream: int | None = None,
+    ) -> None:
         """Copy these (key, block id, parent key) into reserved L1 slots and commit them;
-        tierd checksums and stores them on its own time. Skipped (counted) if tierd is down."""
+        tierd checksums and stores them on its own time. Skipped (counted) if tierd is down.
+        Native GPU copies are only enqueued here: `poll` commits them once done. `stream`:
+        the engine's stream the copies must follow (default: this thread's current one;
+        a caller on another thread passes `current_stream()` taken on the engine's)."""
+        with self._save_lock:
+            self._poll(wait=False)
+            self._save(items, block_size, stream)
+
+    def _save(
+        self, items: Sequence[tuple[int, int, int | None]], block_size: int, stream: int | None
+    ) -> None:
         if not items:
             return
         t0 = time.perf_counter()
@@ -220,32 +267,71 @@ class BlockMover:
                 client.send({"op": "drop", "offsets": offsets})
                 raise KvSocketError("tierd's slots are smaller than one KV block")
             todo = items[: len(offsets)]
-            self._copy(client.arena, [b for _, b, _ in todo], offsets, load=False)
+            blocks = [b for _, b, _ in todo]
+            ticket = self._copy(client.arena, blocks, offsets, load=False, stream=stream)
             n = self.layout.slice_bytes
-            client.send(
-                {
-                    "op": "commit",
-                    "items": [
-                        [k, o, n, p, block_size]
-                        for (k, _, p), o in zip(todo, offsets, strict=False)
-                    ],
-                }
-            )
-        except (KvSocketError, KeyError, TypeError) as exc:
+            commit = [[k, o, n, p, block_size] for (k, _, p), o in zip(todo, offsets, strict=False)]
+            if ticket is None:
+                self._commit(client, commit, t0)
+            else:
+                self._pending.append((client, ticket, commit, t0))
+                self._poll(wait=False)  # host backend: committed now; GPU: when done
+        except (KvSocketError, KeyError, TypeError, ValueError, IndexError) as exc:
             if self.save_link.client is not None:
                 self.save_link.fail(exc)
             self.counters["save_skipped_blocks"] += len(items)
             return
-        self.counters["saved_blocks"] += len(todo)
         self.counters["save_skipped_blocks"] += len(items) - len(todo)
-        self.counters["saved_bytes"] += len(todo) * self.layout.slice_bytes
         self.counters["save_us"] += int((time.perf_counter() - t0) * 1e6)
         self.write_stats()
+
+    def _commit(self, client: KvClient, commit: list[list[Any]], t0: float) -> None:
+        client.send({"op": "commit", "items": commit})
+        self.counters["saved_blocks"] += len(commit)
+        self.counters["saved_bytes"] += len(commit) * self.layout.slice_bytes
+        self.counters["save_commit_us"] += int((time.perf_counter() - t0) * 1e6)
+
+    def poll(self, *, wait: bool = False) -> None:
+        """Commit the deferred saves whose copies are done (all of them with `wait`), in
+        order. A save whose link has since been replaced is dropped (its slots were in the
+        old tierd's arena), counted as skipped. Skipped while a save runs on another thread
+        (that save polls first)."""
+        if not self._save_lock.acquire(blocking=wait):
+            return
+        try:
+            self._poll(wait=wait)
+        finally:
+            self._save_lock.release()
+
+    def _poll(self, *, wait: bool) -> None:
+        while self._pending:
+            client, ticket, commit, t0 = self._pending[0]
+            try:
+                if self.native is not None and not wait and not self.native.done(ticket):
+                    return
+                if self.native is not None:
+                    self.native.wait(ticket)
+                self._pending.pop(0)
+                if client is not self.save_link.client:
+                    raise KvSocketError("the link was replaced")
+                self._commit(client, commit, t0)
+            except (KvSocketError, RuntimeError) as exc:
+                if self._pending and self._pending[0][1] == ticket:
+                    self._pending.pop(0)
+                self.counters["save_skipped_blocks"] += len(commit)
+                if isinstance(exc, RuntimeError):  # the copy itself failed on the device
+                    self.counters["native_copy_errors"] += 1
+                    log.warning("deferred save dropped: %s", exc)
+                elif self.save_link.client is client:
+                    self.save_link.fail(exc)
 
     def write_stats(self) -> None:
         write_stats(self.stats_file, self.counters)
 
     def close(self) -> None:
+        self.poll(wait=True)
+        if self.native is not None:
+            self.native.close()
         self.write_stats()
         self.save_link.close()
         self.load_link.close()

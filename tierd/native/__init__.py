@@ -10,6 +10,9 @@ when it is missing or `WARMGATE_NATIVE=python` is set, the pure-Python fallback
   `DeviceArena(nbytes, backend="cuda"|"hip")`: device memory where a GPU backend is usable.
 - `copy_batch(dst, dst_offsets, src, src_offsets, sizes, *, threads=0) -> int`: many slices
   in one call, between any two of host buffers, HostArena, DeviceArena.
+- `BlockCopier(backend="host"|"cuda"|"hip", device=0)`: gathers / scatters KV blocks between
+  buffers an engine owns (raw pointers: torch's `data_ptr()`) and slices of a host buffer,
+  every layer in one call; on a GPU asynchronously (tickets), host memory registered once.
 - `read_batch(paths, dst, dst_offsets, sizes, file_offsets=None, *, direct=False,
   threads=0) -> list[int]` and `write_batch(paths, src, src_offsets, sizes,
   file_offsets=None, *, direct=False, fsync=False, threads=0) -> list[int]`: per-slice bytes
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "IMPLEMENTATION",
+    "BlockCopier",
     "DeviceArena",
     "HostArena",
     "backends",
@@ -64,6 +68,7 @@ _IMPL, _WHY = _load()
 if TYPE_CHECKING:
     from tierd.native._native import (
         IMPLEMENTATION,
+        BlockCopier,
         DeviceArena,
         HostArena,
         copy_batch,
@@ -77,6 +82,7 @@ if TYPE_CHECKING:
     )
 else:
     IMPLEMENTATION = _IMPL.IMPLEMENTATION
+    BlockCopier = _IMPL.BlockCopier
     DeviceArena = _IMPL.DeviceArena
     HostArena = _IMPL.HostArena
     copy_batch = _IMPL.copy_batch

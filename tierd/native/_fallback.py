@@ -4,7 +4,7 @@
 Copies are memoryview slice assignments on the calling thread; file batches use os.preadv /
 os.pwritev (which release the GIL) on a thread pool, with O_DIRECT through page-aligned mmap
 bounce buffers; CRC-32C is the table-driven software algorithm (one table lookup per byte).
-There is no GPU backend here: `DeviceArena` always raises.
+There is no GPU backend here: `DeviceArena` and `BlockCopier("cuda")` always raise.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from tierd.native import _checks
+from tierd.native._kvcopy import BlockCopier
 from tierd.native._pyio import drop_page_cache, probe_direct, read_batch, write_batch
 
 __all__ = [
     "IMPLEMENTATION",
+    "BlockCopier",
     "DeviceArena",
     "HostArena",
     "backends",

@@ -60,6 +60,57 @@ class DeviceArena:
     def __enter__(self) -> DeviceArena: ...
     def __exit__(self, *exc: object) -> None: ...
 
+KvLayer = tuple[int, int, Sequence[int], int, int]
+
+class BlockCopier:
+    """Gathers KV blocks out of buffers an engine owns (raw pointers, e.g. a torch tensor's
+    `untyped_storage().data_ptr()`, on the device of `backend`) into slices of a host buffer,
+    and scatters them back; every layer in one call. Backends: "host" (memcpy, synchronous;
+    the engine's buffers are host memory), "cuda" / "hip" (RuntimeError where not usable).
+    One thread at a time (RuntimeError otherwise)."""
+
+    backend: str
+    device: int
+    batch_api: bool
+    """Whether the last copy used the runtime's batched copy (cudaMemcpyBatchAsync)."""
+    last_copies: int
+    """Copies the last call issued (runs contiguous on both sides are merged)."""
+    last_bytes: int
+    registered: int
+    def __init__(self, backend: str = "host", *, device: int = 0) -> None: ...
+    def copy(
+        self,
+        layers: Sequence[KvLayer],
+        num_blocks: int,
+        block_ids: Sequence[int],
+        host: Buffer,
+        host_offsets: Sequence[int],
+        *,
+        to_host: bool,
+        stream: int | None = None,
+    ) -> int:
+        """Layer l = (ptr, nbytes, starts, block_stride, run_bytes): block b's runs in that
+        buffer are [ptr + start + b*block_stride, +run_bytes) for each start. Block i's slice
+        (every layer's runs, end to end) is host[host_offsets[i]:]. `to_host`: engine ->
+        host (a save), else host -> engine (a load). Checked before a byte moves: block ids
+        < num_blocks, runs inside nbytes, slices inside host (IndexError); negatives and
+        overlapping destinations (ValueError); malformed layers (TypeError). GPU: the copies
+        are enqueued and a ticket returned at once; with `stream` (a raw stream handle,
+        torch's `current_stream().cuda_stream`), they come after the work already on that
+        stream and later work on it waits for them. Host: done on return."""
+    def wait(self, ticket: int) -> None:
+        """Until the ticket's copies are done (then the host bytes are there)."""
+    def done(self, ticket: int) -> bool: ...
+    def synchronize(self) -> None: ...
+    def register(self, buffer: Buffer) -> bool:
+        """Page-lock a host buffer with the GPU runtime (once; kept referenced until
+        unregister/close), so copies to and from it are DMA. False where not possible (host
+        backend, or the runtime refused; copies still work, staged)."""
+    def unregister(self, buffer: Buffer) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> BlockCopier: ...
+    def __exit__(self, *exc: object) -> None: ...
+
 def copy_batch(
     dst: Buffer | DeviceArena,
     dst_offsets: Sequence[int],

@@ -3,7 +3,9 @@
  * A batch of slice copies is split into contiguous runs, one per dedicated non-blocking
  * stream of the context; each run goes out as one cudaMemcpyBatchAsync where the runtime has
  * it (CUDA 12.8+), else as one gpuMemcpyAsync per slice; then every stream is synchronised.
- * Unified addressing (gpuMemcpyDefault) lets the runtime tell H2D, D2H and D2D apart. */
+ * Unified addressing (gpuMemcpyDefault) lets the runtime tell H2D, D2H and D2D apart.
+ * copy_async (the KV block copier's path) enqueues on the first stream, ordered after and
+ * before the caller's stream by events, records a completion event and returns. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +20,17 @@ struct wg_gpu_ctx {
     int nstreams;
     int batch_api_ok; /* cleared after the batched API fails once; per-copy from then on */
     gpuStream_t streams[WG_MAX_STREAMS];
+    int nevents;
+    gpuEvent_t events[WG_GPU_EVENTS + 1]; /* completion events; the last: "caller's stream" */
 };
+
+static void wg_ctx_destroy(wg_gpu_ctx *ctx) {
+    for (int s = 0; s < ctx->nstreams; s++)
+        gpuStreamDestroy(ctx->streams[s]);
+    for (int i = 0; i < ctx->nevents; i++)
+        gpuEventDestroy(ctx->events[i]);
+    free(ctx);
+}
 
 static int wg_fail(gpuError_t e, const char *what, char *err, size_t errlen) {
     if (err && errlen)
@@ -76,12 +88,18 @@ int wg_gpu_open(int device, int nstreams, wg_gpu_ctx **out, char *err, size_t er
     for (int s = 0; s < nstreams; s++) {
         e = gpuStreamCreateWithFlags(&ctx->streams[s], gpuStreamNonBlocking);
         if (e != gpuSuccess) {
-            for (int t = 0; t < s; t++)
-                gpuStreamDestroy(ctx->streams[t]);
-            free(ctx);
+            wg_ctx_destroy(ctx);
             return wg_fail(e, "create stream", err, errlen);
         }
         ctx->nstreams = s + 1;
+    }
+    for (int i = 0; i < WG_GPU_EVENTS + 1; i++) {
+        e = gpuEventCreateWithFlags(&ctx->events[i], gpuEventDisableTiming);
+        if (e != gpuSuccess) {
+            wg_ctx_destroy(ctx);
+            return wg_fail(e, "create event", err, errlen);
+        }
+        ctx->nevents = i + 1;
     }
     *out = ctx;
     return 0;
@@ -91,9 +109,7 @@ void wg_gpu_close(wg_gpu_ctx *ctx) {
     if (!ctx)
         return;
     gpuSetDevice(ctx->device);
-    for (int s = 0; s < ctx->nstreams; s++)
-        gpuStreamDestroy(ctx->streams[s]);
-    free(ctx);
+    wg_ctx_destroy(ctx);
 }
 
 int wg_gpu_malloc(wg_gpu_ctx *ctx, size_t nbytes, void **out, char *err, size_t errlen) {
@@ -149,6 +165,24 @@ static gpuError_t wg_copy_run(void *const *dsts, const void *const *srcs, const 
     return gpuSuccess;
 }
 
+/* One stream's run of copies: the batched API where the runtime has it (and it worked
+ * before), else one async copy per slice. */
+static gpuError_t wg_enqueue(wg_gpu_ctx *ctx, void *const *dsts, const void *const *srcs,
+                             const size_t *sizes, size_t n, gpuStream_t stream, int *used) {
+#ifdef WG_HAVE_BATCH_COPY
+    if (ctx->batch_api_ok) {
+        gpuError_t e = wg_batch_run(ctx, dsts, srcs, sizes, n, stream);
+        if (e == gpuSuccess) {
+            *used = 1;
+            return e;
+        }
+        (void)gpuGetLastError();
+        ctx->batch_api_ok = 0; /* unsupported here: per-copy from now on */
+    }
+#endif
+    return wg_copy_run(dsts, srcs, sizes, n, stream);
+}
+
 int wg_gpu_copy_batch(wg_gpu_ctx *ctx, void *const *dsts, const void *const *srcs,
                       const size_t *sizes, size_t n, int *used_batch_api, char *err,
                       size_t errlen) {
@@ -164,22 +198,7 @@ int wg_gpu_copy_batch(wg_gpu_ctx *ctx, void *const *dsts, const void *const *src
         if (lo >= n)
             break;
         size_t cnt = n - lo < per ? n - lo : per;
-        int done = 0;
-        e = gpuSuccess;
-#ifdef WG_HAVE_BATCH_COPY
-        if (ctx->batch_api_ok) {
-            e = wg_batch_run(ctx, dsts + lo, srcs + lo, sizes + lo, cnt, ctx->streams[s]);
-            if (e == gpuSuccess) {
-                used = 1;
-                done = 1;
-            } else {
-                (void)gpuGetLastError();
-                ctx->batch_api_ok = 0; /* unsupported here: per-copy from now on */
-            }
-        }
-#endif
-        if (!done)
-            e = wg_copy_run(dsts + lo, srcs + lo, sizes + lo, cnt, ctx->streams[s]);
+        e = wg_enqueue(ctx, dsts + lo, srcs + lo, sizes + lo, cnt, ctx->streams[s], &used);
         if (e != gpuSuccess)
             first = e;
     }
@@ -190,6 +209,63 @@ int wg_gpu_copy_batch(wg_gpu_ctx *ctx, void *const *dsts, const void *const *src
     }
     *used_batch_api = used;
     return first == gpuSuccess ? 0 : wg_fail(first, "copy", err, errlen);
+}
+
+int wg_gpu_copy_async(wg_gpu_ctx *ctx, void *const *dsts, const void *const *srcs,
+                      const size_t *sizes, size_t n, int order, size_t after, int slot,
+                      int *used_batch_api, char *err, size_t errlen) {
+    *used_batch_api = 0;
+    if (slot < 0 || slot >= WG_GPU_EVENTS) {
+        snprintf(err, errlen, "event slot %d out of range", slot);
+        return -1;
+    }
+    gpuStream_t own = ctx->streams[0];
+    gpuStream_t caller = (gpuStream_t)after;
+    gpuEvent_t before = ctx->events[WG_GPU_EVENTS];
+    gpuError_t e = gpuSetDevice(ctx->device);
+    if (e != gpuSuccess)
+        return wg_fail(e, "set device", err, errlen);
+    if (order) { /* after everything already on the caller's stream */
+        e = gpuEventRecord(before, caller);
+        if (e == gpuSuccess)
+            e = gpuStreamWaitEvent(own, before, 0);
+        if (e != gpuSuccess)
+            return wg_fail(e, "order after the caller's stream", err, errlen);
+    }
+    e = n ? wg_enqueue(ctx, dsts, srcs, sizes, n, own, used_batch_api) : gpuSuccess;
+    if (e != gpuSuccess) {
+        /* some copies may be queued: the event still marks where they end */
+        (void)gpuEventRecord(ctx->events[slot], own);
+        return wg_fail(e, "enqueue copies", err, errlen);
+    }
+    e = gpuEventRecord(ctx->events[slot], own);
+    if (e == gpuSuccess && order) /* the caller's later work waits for the copies */
+        e = gpuStreamWaitEvent(caller, ctx->events[slot], 0);
+    return e == gpuSuccess ? 0 : wg_fail(e, "record completion", err, errlen);
+}
+
+int wg_gpu_event_wait(wg_gpu_ctx *ctx, int slot, char *err, size_t errlen) {
+    if (slot < 0 || slot >= WG_GPU_EVENTS) {
+        snprintf(err, errlen, "event slot %d out of range", slot);
+        return -1;
+    }
+    gpuError_t e = gpuEventSynchronize(ctx->events[slot]);
+    return e == gpuSuccess ? 0 : wg_fail(e, "copy", err, errlen);
+}
+
+int wg_gpu_event_query(wg_gpu_ctx *ctx, int slot, char *err, size_t errlen) {
+    if (slot < 0 || slot >= WG_GPU_EVENTS) {
+        snprintf(err, errlen, "event slot %d out of range", slot);
+        return -1;
+    }
+    gpuError_t e = gpuEventQuery(ctx->events[slot]);
+    if (e == gpuSuccess)
+        return 1;
+    if (e == gpuErrorNotReady) {
+        (void)gpuGetLastError();
+        return 0;
+    }
+    return wg_fail(e, "copy", err, errlen);
 }
 
 } /* extern "C" */

@@ -27,6 +27,15 @@ typedef hipStream_t gpuStream_t;
 #define gpuStreamNonBlocking hipStreamNonBlocking
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuStreamDestroy hipStreamDestroy
+typedef hipEvent_t gpuEvent_t;
+#define gpuErrorNotReady hipErrorNotReady
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuEventRecord hipEventRecord
+#define gpuEventQuery hipEventQuery
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventDestroy hipEventDestroy
+#define gpuStreamWaitEvent hipStreamWaitEvent
 #else
 #include <cuda_runtime_api.h>
 #define WG_RUNTIME_NAME "cuda"
@@ -51,6 +60,15 @@ typedef cudaStream_t gpuStream_t;
 #define gpuStreamNonBlocking cudaStreamNonBlocking
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuStreamDestroy cudaStreamDestroy
+typedef cudaEvent_t gpuEvent_t;
+#define gpuErrorNotReady cudaErrorNotReady
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuEventRecord cudaEventRecord
+#define gpuEventQuery cudaEventQuery
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventDestroy cudaEventDestroy
+#define gpuStreamWaitEvent cudaStreamWaitEvent
 /* cudaMemcpyBatchAsync: CUDA 12.8 (with a failIdx argument), CUDA 13 (without). */
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
 #define WG_HAVE_BATCH_COPY 1

@@ -232,10 +232,12 @@ PyTypeObject wg_HostArenaType = {
 
 /* DeviceArena lives in wg_device.c. */
 int wg_arena_types_ready(PyObject *module) {
-    if (PyType_Ready(&wg_HostArenaType) < 0 || PyType_Ready(&wg_DeviceArenaType) < 0)
+    if (PyType_Ready(&wg_HostArenaType) < 0 || PyType_Ready(&wg_DeviceArenaType) < 0 ||
+        PyType_Ready(&wg_BlockCopierType) < 0)
         return -1;
     if (PyModule_AddObjectRef(module, "HostArena", (PyObject *)&wg_HostArenaType) < 0 ||
-        PyModule_AddObjectRef(module, "DeviceArena", (PyObject *)&wg_DeviceArenaType) < 0)
+        PyModule_AddObjectRef(module, "DeviceArena", (PyObject *)&wg_DeviceArenaType) < 0 ||
+        PyModule_AddObjectRef(module, "BlockCopier", (PyObject *)&wg_BlockCopierType) < 0)
         return -1;
     return 0;
 }

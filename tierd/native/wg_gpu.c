@@ -70,6 +70,9 @@ int wg_gpu_load(const char *backend, wg_gpu_lib *lib, char *err, size_t errlen) 
     WG_SYM(host_register, "wg_gpu_host_register");
     WG_SYM(host_unregister, "wg_gpu_host_unregister");
     WG_SYM(copy_batch, "wg_gpu_copy_batch");
+    WG_SYM(copy_async, "wg_gpu_copy_async");
+    WG_SYM(event_wait, "wg_gpu_event_wait");
+    WG_SYM(event_query, "wg_gpu_event_query");
     return 0;
 }
 

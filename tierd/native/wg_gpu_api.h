@@ -7,7 +7,8 @@
 
 #include <stddef.h>
 
-#define WG_GPU_ABI_VERSION 1
+#define WG_GPU_ABI_VERSION 2
+#define WG_GPU_EVENTS 64 /* completion events per context, reused round robin */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,6 +38,17 @@ typedef int (*wg_gpu_host_unregister_fn)(void *ptr);
 typedef int (*wg_gpu_copy_batch_fn)(wg_gpu_ctx *ctx, void *const *dsts, const void *const *srcs,
                                     const size_t *sizes, size_t n, int *used_batch_api,
                                     char *err, size_t errlen);
+/* Enqueues n slice copies on the context's first stream and returns without waiting.
+ * With `order` set, the copies come after all work enqueued so far on the caller's stream
+ * `after` (a cudaStream_t/hipStream_t as an integer; 0 = the legacy default stream), and
+ * work the caller enqueues on `after` later waits for the copies: they behave as if issued
+ * on that stream, but run on ours. Then completion event `slot` (< WG_GPU_EVENTS) is recorded. */
+typedef int (*wg_gpu_copy_async_fn)(wg_gpu_ctx *ctx, void *const *dsts, const void *const *srcs,
+                                    const size_t *sizes, size_t n, int order, size_t after,
+                                    int slot, int *used_batch_api, char *err, size_t errlen);
+/* Event `slot`: wait for it (0 or < 0 with err), or ask (1 done, 0 pending, < 0 error). */
+typedef int (*wg_gpu_event_wait_fn)(wg_gpu_ctx *ctx, int slot, char *err, size_t errlen);
+typedef int (*wg_gpu_event_query_fn)(wg_gpu_ctx *ctx, int slot, char *err, size_t errlen);
 
 typedef struct {
     void *handle;
@@ -52,6 +64,9 @@ typedef struct {
     wg_gpu_host_register_fn host_register;
     wg_gpu_host_unregister_fn host_unregister;
     wg_gpu_copy_batch_fn copy_batch;
+    wg_gpu_copy_async_fn copy_async;
+    wg_gpu_event_wait_fn event_wait;
+    wg_gpu_event_query_fn event_query;
 } wg_gpu_lib;
 
 #ifdef __cplusplus

@@ -45,6 +45,7 @@ int wg_device_copy(wg_DeviceArena *owner, void *const *dsts, const void *const *
                    const size_t *sizes, size_t n, int *used_batch_api);
 
 extern PyTypeObject wg_HostArenaType;
+extern PyTypeObject wg_BlockCopierType; /* wg_kvcopy.c */
 extern PyTypeObject wg_DeviceArenaType;
 int wg_arena_types_ready(PyObject *module);
 
@@ -72,5 +73,25 @@ int wg_check_overlap(const wg_mem *dst, const size_t *doffs, const wg_mem *src,
                      const size_t *soffs, const size_t *sizes, size_t n);
 /* threads argument: 0 = automatic, else clamp to [1, max]. ValueError when negative. */
 int wg_threads_arg(long threads, int automatic, int max, int *out);
+
+/* ---- KV block plans (wg_kvplan.c, used by BlockCopier in wg_kvcopy.c) ---- */
+/* One call's work: every run of every block as absolute (dev, hst, sizes) triples. */
+typedef struct {
+    wg_mem host;
+    size_t *dev, *hst, *sizes, n, total;
+} wg_kv_job;
+
+/* Parses and checks a copy: layers (a sequence of (ptr, nbytes, starts, block_stride,
+ * run_bytes)), block ids (< num_blocks, else IndexError), host slices (inside host, else
+ * IndexError), every run inside its buffer (else IndexError), destinations disjoint (and
+ * apart from the sources when `same_memory`), else ValueError. 0, or -1 (raised). The job
+ * is freed with wg_kv_job_free either way. */
+int wg_kv_prepare(PyObject *layers_o, Py_ssize_t num_blocks, PyObject *blocks_o,
+                  PyObject *host_o, PyObject *hoffs_o, int to_host, int same_memory,
+                  wg_kv_job *job);
+void wg_kv_job_free(wg_kv_job *job);
+/* The host backend: memcpy of every triple (GIL released). 0 or -1 (raised). */
+int wg_kv_host_copy(void *const *dsts, const void *const *srcs, const size_t *sizes, size_t n,
+                    size_t total);
 
 #endif
