@@ -99,10 +99,32 @@ def wait_until(cond: Callable[[], bool], within_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def settled(fleet: TieredFleet, quiet_s: float = 1.5, within_s: float = 60.0) -> None:
+    """Waits until no save is still on its way: saves run off the engine's critical path,
+    so an earlier request's blocks (a salted recompute's, say) can reach tierd and the array
+    after its answer. A count or a set of slices taken before that would include them."""
+
+    def landed() -> tuple[int, ...]:
+        written = [
+            i.tierd.stats()["connector"].get("write_through_blocks", 0) for i in fleet.instances
+        ]
+        return (*written, len(list(fleet.array_dir.glob("??/*.slice"))))
+
+    end = time.monotonic() + within_s
+    last, quiet_since = landed(), time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s:
+        assert time.monotonic() < end, "saves still landing after 60 s"
+        time.sleep(0.2)
+        now = landed()
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+
+
 def computed_on_a(fleet: TieredFleet, ids: list[int]) -> dict[str, Any]:
     """Engine A computes the prompt cold; returns once its tierd holds every full block in
     the shared array."""
     a = fleet.instances[0]
+    settled(fleet)
     written = a.tierd.stats()["connector"].get("write_through_blocks", 0)
     out = complete(a.engine.url, ids)
     assert out["cached"] == 0
@@ -139,6 +161,7 @@ def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
 def test_engine_a_loads_synchronously_what_engine_b_computed(fleet: TieredFleet) -> None:
     a, b = fleet.instances
     ids = prompt(150, 1400)
+    settled(fleet)
     written = b.tierd.stats()["connector"].get("write_through_blocks", 0)
     assert complete(b.engine.url, ids)["cached"] == 0
     full = (len(ids) - 1) // BLOCK
@@ -164,6 +187,7 @@ def test_a_partial_prefix_hit_loads_the_shared_part_only(fleet: TieredFleet) -> 
 def test_a_corrupt_slice_is_recomputed_not_served(fleet: TieredFleet) -> None:
     b = fleet.instances[1]
     ids = prompt(303, 1500)
+    settled(fleet)
     before = set(fleet.array_dir.glob("??/*.slice"))
     computed_on_a(fleet, ids)
     chain = fleet.chain_since(before)
