@@ -83,5 +83,8 @@ class ServerLimits(StrictModel):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers
     header_timeout_s: float = Field(default=10.0, gt=0)  # connect/first byte -> headers done
     body_timeout_s: float = Field(default=30.0, gt=0)  # longest wait for the next body piece
-    keep_alive_s: float = Field(default=5.0, gt=0)  # idle between requests
+    # idle between requests; above clients' pool expiry (httpx and so the OpenAI SDK 5 s,
+    # aiohttp 15 s), so the client always drops an idle connection first: a server that
+    # closes first races a request the client is already writing (a reset, nothing logged)
+    keep_alive_s: float = Field(default=75.0, gt=0)
     max_connections: int = Field(default=4096, ge=1)  # beyond: closed at once

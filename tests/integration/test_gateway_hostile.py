@@ -200,6 +200,31 @@ def test_client_leaving_mid_upload_logs_no_traceback(fleet: Fleet) -> None:
     assert '"level": "error"' not in log
 
 
+def _get_models_on(s: socket.socket) -> None:
+    """One GET /v1/models on an open connection, its response read whole."""
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = s.recv(65536)
+        assert data, "the gateway closed the idle keep-alive connection"
+        head += data
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = head.split(b"\r\n\r\n", 1)[1]
+    while len(body) < length:
+        body += s.recv(65536)
+
+
+def test_an_idle_keep_alive_connection_outlives_a_clients_pool_expiry(fleet: Fleet) -> None:
+    # httpx (and so the OpenAI SDK) reuses an idle connection for up to 5 s: a gateway that
+    # closed at 5 s raced requests the client was already writing (resets, nothing logged)
+    s = _connect(fleet)
+    _get_models_on(s)
+    time.sleep(6)
+    _get_models_on(s)
+    s.close()
+
+
 def test_two_thousand_idle_connections_are_shed_and_the_gateway_stays_ready(fleet: Fleet) -> None:
     idle = []
     for _ in range(2000):
