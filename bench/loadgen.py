@@ -70,6 +70,7 @@ class Load:
         urls: Sequence[str],
         *,
         players: int = 50,
+        first_player: int = 0,
         max_tokens: int = 24,
         max_turns: int = 6,
         seed: int = 7,
@@ -83,13 +84,14 @@ class Load:
         self.body_extra = {"ignore_eos": True} if body_extra is None else body_extra
         self.keep = keep  # keep each request's body and text (for `verify`); not in a soak
         self.urls = list(urls)
-        self.players = [Player(i) for i in range(players)]
+        self.players = [Player(first_player + i) for i in range(players)]
         self.max_tokens = max_tokens
         self.max_turns = max_turns
         self.rng = random.Random(seed)
         self.retry_other = retry_other
         self.results: list[Result] = []
         self.shed = 0
+        self.lag: list[float] = []  # run(): how late each arrival started, s
         self._sem = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(60.0, connect=5.0),
@@ -100,20 +102,28 @@ class Load:
         await self._client.aclose()
 
     async def run(self, rate: float, duration_s: float) -> list[Result]:
-        """Requests at `rate` per second for `duration_s`; waits for the last to end."""
+        """Poisson arrivals at `rate` per second for `duration_s` of wall time, then waits for
+        the last to end. It keeps its schedule: every arrival already due starts at once, so
+        a loop busy reading streams falls behind by one iteration, not by a backlog that
+        stretches the run; how late each started is in `lag`."""
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         end = loop.time() + duration_s
         nxt = loop.time()
         while nxt < end:
-            await asyncio.sleep(max(0.0, nxt - loop.time()))
-            if self._sem.locked():
-                self.shed += 1
-            else:
-                task = asyncio.create_task(self._one(self.rng.choice(self.players)))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            nxt += self.rng.expovariate(rate)
+            now = loop.time()
+            if nxt > now:
+                await asyncio.sleep(nxt - now)
+                now = loop.time()
+            while nxt <= now and nxt < end:
+                self.lag.append(now - nxt)
+                if self._sem.locked():
+                    self.shed += 1
+                else:
+                    task = asyncio.create_task(self._one(self.rng.choice(self.players)))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                nxt += self.rng.expovariate(rate)
         if tasks:
             await asyncio.gather(*tasks)
         return self.results

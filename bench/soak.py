@@ -3,11 +3,16 @@ gateway for leaks. On loopback: simulated engines, one gateway; the load is the 
 `bench.loadgen` (streamed chat, sessions, growing histories).
 
 1. warm up, then measure capacity: completed requests per second with `--concurrency`
-   clients always waiting (`--capacity-s`);
-2. run Poisson arrivals at `--share` of it for `--minutes`, sampling the gateway every
-   `--sample-s`: RSS and open descriptors (/proc), asyncio tasks (its
-   `warmgate_event_loop_tasks`), the prefix index's entries (`/admin/stats`);
-3. report: RSS growth from the end of the first window to the end (and from the start),
+   clients always waiting (`--capacity-s`); the load comes from `--clients` processes
+   (`bench.load_procs`), for capacity and soak alike;
+2. run Poisson arrivals at `--share` of it for `--warmup-min` (one prefix-index TTL by
+   default: the index fills to its steady state, reported apart), then for `--minutes`,
+   measured, sampling the gateway every `--sample-s`: RSS and open descriptors (/proc),
+   asyncio tasks (its `warmgate_event_loop_tasks`), the prefix index's entries
+   (`/admin/stats`);
+3. report: RSS growth over the measured minutes (and from the end of their first window,
+   and from the warm-up's start), the rate offered against the rate asked and how late the
+   arrivals started,
    descriptors and tasks first vs last, index entries against their bound, TTFT p50/p99 of
    the first and last windows (`--window-min`), failures.
 
@@ -28,7 +33,8 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen import Load, Result, percentile
+from bench.load_procs import LoadProcesses
+from bench.loadgen import Result, percentile
 from bench.sim_fleet import SimFleet, proc_sample
 
 
@@ -45,6 +51,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--capacity-s", type=float, default=45.0)
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--window-min", type=float, default=5.0)
+    p.add_argument(
+        "--warmup-min", type=float, default=10.0,
+        help="at the soak rate before the measured minutes, sampled and reported apart: one "
+        "prefix-index TTL (routing.index_ttl_s, 600 s), the time the index takes to reach "
+        "its steady state",
+    )  # fmt: skip
+    p.add_argument(
+        "--clients", type=int, default=1,
+        help="load-generator processes, for capacity and soak alike (more where one process "
+        "cannot drive the gateway; here a second raised the closed-loop figure, not the rate "
+        "an open loop could hold)",
+    )  # fmt: skip
     p.add_argument("--run-dir", default=None)
     p.add_argument(
         "--trace-memory", type=float, default=0.0, metavar="S",
@@ -82,15 +100,24 @@ def _window(results: list[Result], t0: float, t1: float) -> dict[str, Any]:
     }
 
 
+def _rss_mb(sample: dict[str, Any]) -> float:
+    return round(float(sample["rss_bytes"]) / 2**20, 1)
+
+
+def _growth_pct(base: dict[str, Any], last: dict[str, Any]) -> float:
+    return round(100 * (float(last["rss_bytes"]) / float(base["rss_bytes"]) - 1), 2)
+
+
 async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
     base = fleet.gateway_urls[0]
-    load = Load([base], players=args.players, max_tokens=args.max_tokens, keep=False)
+    load = LoadProcesses(
+        [base], processes=args.clients, players=args.players, max_tokens=args.max_tokens
+    )
     samples: list[dict[str, Any]] = []
     missed: list[str] = []
     async with httpx.AsyncClient(timeout=10) as client:
         await load.run(rate=5.0, duration_s=10.0)  # warm: connections, the index, the JIT-less
         capacity = await load.closed_loop(args.concurrency, args.capacity_s)
-        load.results.clear()
         rate = args.share * capacity
         print(f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s", flush=True)
         stop = asyncio.Event()
@@ -100,52 +127,70 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
                 try:
                     samples.append(await _sample(fleet, client))
                 except httpx.HTTPError as exc:  # a slow answer is a missed sample, not the end
-                    missed.append(f"{time.monotonic() - started:.0f} s: {exc!r}")
+                    missed.append(f"{time.monotonic() - warm_started:.0f} s: {exc!r}")
                 if stop.is_set():
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.sample_s)
 
-        started = time.monotonic()
+        warm_started = time.monotonic()
         task = asyncio.create_task(sampler())
-        await load.run(rate=rate, duration_s=args.minutes * 60)
+        warm = None
+        if args.warmup_min > 0:  # the index fills to the steady state its TTL defines
+            warm = await load.run(rate=rate, duration_s=args.warmup_min * 60)
+        at_start = await _sample(fleet, client)
+        started = time.monotonic()
+        soaked = await load.run(rate=rate, duration_s=args.minutes * 60)
         ended = time.monotonic()
         stop.set()
         await task
-    await load.aclose()
+    load.close()
     win = args.window_min * 60
-    first = [s for s in samples if s["t"] <= started + win]
-    base_rss = first[-1]["rss_bytes"] if first else samples[0]["rss_bytes"]
+    measured = [at_start, *(s for s in samples if s["t"] > started)]
+    first = [s for s in measured if s["t"] <= started + win]
+    after_first = first[-1]
     last = samples[-1]
-    results = load.results
+    results = soaked.results
     first_w = _window(results, started, started + win)
     last_w = _window(results, ended - win, ended + 1)
     p99_first, p99_last = first_w["ttft_p99_s"], last_w["ttft_p99_s"]
     settings_capacity = 1_000_000 * args.instances  # routing.index_capacity_blocks default
+    lag = soaked.lag
     return {
         "minutes": args.minutes,
+        "warmup_minutes": args.warmup_min,
+        "clients": args.clients,
         "capacity_rps": round(capacity, 2),
         "rate_rps": round(rate, 2),
+        "offered_rps": round(len(lag) / (args.minutes * 60), 2),
+        "load_wall_min": round((ended - started) / 60, 2),
+        "schedule_lag_s": {"p50": _round(percentile(lag, 50)), "p99": _round(percentile(lag, 99)),
+                           "max": _round(max(lag, default=0.0))},
         "requests": len(results),
-        "shed_by_client_cap": load.shed,
+        "shed_by_client_cap": soaked.shed,
         "failed": sum(r.status != 200 or r.failed_mid_stream for r in results),
         "failures": dict(Counter(
             f"{r.error} ({'mid-stream' if r.failed_mid_stream else 'before the first byte'})"
             for r in results if r.error
         ).most_common(10)),
-        "rss_start_mb": round(samples[0]["rss_bytes"] / 2**20, 1),
-        "rss_after_first_window_mb": round(base_rss / 2**20, 1),
-        "rss_end_mb": round(last["rss_bytes"] / 2**20, 1),
-        "rss_growth_after_first_window_pct": round(100 * (last["rss_bytes"] / base_rss - 1), 2),
-        "rss_growth_from_start_pct": round(
-            100 * (last["rss_bytes"] / samples[0]["rss_bytes"] - 1), 2
-        ),
-        "fds": {"start": samples[0]["fds"], "end": last["fds"],
-                "max": max(s["fds"] for s in samples)},
-        "tasks": {"start": samples[0].get("tasks"), "end": last.get("tasks"),
-                  "max": max(s.get("tasks", 0) for s in samples)},
-        "index_entries": {"end": last["index_entries"],
-                          "max": max(s["index_entries"] for s in samples),
+        "warmup": None if warm is None else {
+            "requests": len(warm.results),
+            "failed": sum(r.status != 200 or r.failed_mid_stream for r in warm.results),
+            "rss_growth_pct": _growth_pct(samples[0], at_start),
+        },
+        "rss_warmup_start_mb": _rss_mb(samples[0]),
+        "rss_start_mb": _rss_mb(at_start),
+        "rss_after_first_window_mb": _rss_mb(after_first),
+        "rss_end_mb": _rss_mb(last),
+        "rss_growth_pct": _growth_pct(at_start, last),
+        "rss_growth_after_first_window_pct": _growth_pct(after_first, last),
+        "rss_growth_from_warmup_start_pct": _growth_pct(samples[0], last),
+        "fds": {"start": at_start["fds"], "end": last["fds"],
+                "max": max(s["fds"] for s in measured)},
+        "tasks": {"start": at_start.get("tasks"), "end": last.get("tasks"),
+                  "max": max(s.get("tasks", 0) for s in measured)},
+        "index_entries": {"start": at_start["index_entries"], "end": last["index_entries"],
+                          "max": max(s["index_entries"] for s in measured),
                           "bound": settings_capacity},
         "first_window": first_w,
         "last_window": last_w,
@@ -168,19 +213,32 @@ def memory_trace(path: Path) -> dict[str, Any]:
 
 
 def markdown(r: dict[str, Any]) -> str:
+    lag = r["schedule_lag_s"]
+    warm = r["warmup"]
     rows = [
-        ("capacity (closed loop) / soak rate, req/s", f"{r['capacity_rps']} / {r['rate_rps']}"),
-        ("requests / failed", f"{r['requests']} / {r['failed']}"),
-        ("RSS start / after first window / end, MB",
-         f"{r['rss_start_mb']} / {r['rss_after_first_window_mb']} / {r['rss_end_mb']}"),
-        ("RSS growth after first window / from start",
-         f"{r['rss_growth_after_first_window_pct']}% / {r['rss_growth_from_start_pct']}%"),
+        ("capacity (closed loop) / soak rate asked / offered, req/s",
+         f"{r['capacity_rps']} / {r['rate_rps']} / {r['offered_rps']}"),
+        ("load generator: processes / schedule lag p50 / p99 / max, s",
+         f"{r['clients']} / {lag['p50']} / {lag['p99']} / {lag['max']}"),
+        ("minutes measured / wall time of the load", f"{r['minutes']} / {r['load_wall_min']}"),
+        ("warm-up before: minutes / requests / failed / RSS growth",
+         "none" if warm is None else
+         f"{r['warmup_minutes']} / {warm['requests']} / {warm['failed']} / "
+         f"{warm['rss_growth_pct']}%"),
+        ("requests / failed / shed by the client's cap",
+         f"{r['requests']} / {r['failed']} / {r['shed_by_client_cap']}"),
+        ("RSS warm-up start / start / after first window / end, MB",
+         f"{r['rss_warmup_start_mb']} / {r['rss_start_mb']} / "
+         f"{r['rss_after_first_window_mb']} / {r['rss_end_mb']}"),
+        ("RSS growth from start / after first window / from warm-up start",
+         f"{r['rss_growth_pct']}% / {r['rss_growth_after_first_window_pct']}% / "
+         f"{r['rss_growth_from_warmup_start_pct']}%"),
         ("fds start / end / max", f"{r['fds']['start']} / {r['fds']['end']} / {r['fds']['max']}"),
         ("asyncio tasks start / end / max",
          f"{r['tasks']['start']} / {r['tasks']['end']} / {r['tasks']['max']}"),
-        ("index entries end / max / bound",
-         f"{r['index_entries']['end']} / {r['index_entries']['max']} / "
-         f"{r['index_entries']['bound']}"),
+        ("index entries start / end / max / bound",
+         f"{r['index_entries']['start']} / {r['index_entries']['end']} / "
+         f"{r['index_entries']['max']} / {r['index_entries']['bound']}"),
         ("TTFT p50 first / last window, s",
          f"{r['first_window']['ttft_p50_s']} / {r['last_window']['ttft_p50_s']}"),
         ("TTFT p99 first / last window, s",

@@ -14,13 +14,14 @@ def test_soak_with_memory_trace(tmp_path: Path) -> None:
     argv = [
         "bench", "soak", "--json", str(out), "--minutes", "0.4", "--capacity-s", "3",
         "--concurrency", "4", "--sample-s", "3", "--window-min", "0.1", "--players", "20",
-        "--trace-memory", "4", "--share", "0.3",
+        "--trace-memory", "4", "--share", "0.3", "--warmup-min", "0.1",
     ]  # fmt: skip
     # a third of capacity: the traced gateway stalls at each snapshot, and a 3 s capacity
     # probe is rough; at 80% it was overloaded in CI (TTFT 5 s, 2 of 1,355 failed)
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert r["requests"] > 0 and r["failed"] == 0, r.get("failures")
+    assert r["warmup"]["requests"] > 0 and r["warmup"]["failed"] == 0
     trace = r["memory_trace"]
     assert len(trace["series"]) >= 2
     assert all(s["traced_mb"] > 1 and s["gc_objects"] > 0 for s in trace["series"])

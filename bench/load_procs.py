@@ -1,0 +1,126 @@
+"""The game load of `bench.loadgen` from several processes, for runs whose rate one Python
+process cannot hold (the soak: one process, busy reading streams through a pool of hundreds
+of connections, fell to half the rate it was asked for). Each process drives its own players
+at its share of the rate, with its own connection pool, and hands its results back; start
+times are `time.monotonic()`, one clock for every process on the machine."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from bench.loadgen import Load, Result
+
+# what a soak keeps of each request (the rest stays in the process that made it)
+_Row = tuple[float, int, float | None, bool, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One process's part of a phase: open loop at `rate`, or closed loop with `concurrency`."""
+
+    urls: tuple[str, ...]
+    duration_s: float
+    players: int
+    first_player: int
+    seed: int
+    max_tokens: int
+    rate: float = 0.0
+    concurrency: int = 0
+
+
+@dataclass(slots=True)
+class PhaseResult:
+    results: list[Result]
+    lag: list[float]  # how late each arrival started, s
+    shed: int
+
+
+def _run_phase(phase: Phase) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        load = Load(
+            phase.urls,
+            players=phase.players,
+            first_player=phase.first_player,
+            max_tokens=phase.max_tokens,
+            seed=phase.seed,
+            keep=False,
+        )
+        try:
+            if phase.concurrency:
+                return {"rate": await load.closed_loop(phase.concurrency, phase.duration_s)}
+            await load.run(phase.rate, phase.duration_s)
+            rows: list[_Row] = [
+                (r.started, r.status, r.ttft_s, r.failed_mid_stream, r.error) for r in load.results
+            ]
+            return {"rows": rows, "lag": load.lag, "shed": load.shed}
+        finally:
+            await load.aclose()
+
+    return asyncio.run(go())
+
+
+class LoadProcesses:
+    """`processes` load generators splitting `players` and the rate between them."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        processes: int,
+        players: int,
+        max_tokens: int = 24,
+        seed: int = 7,
+    ) -> None:
+        if processes < 1 or players < processes:
+            raise ValueError("need at least one process and one player per process")
+        self.urls = tuple(urls)
+        self.processes = processes
+        self.players = players
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        self._phases = 0
+
+    def _parts(self, duration_s: float, **kw: Any) -> list[Phase]:
+        self._phases += 1
+        per, extra = divmod(self.players, self.processes)
+        parts, first = [], 0
+        for i in range(self.processes):
+            n = per + (i < extra)
+            seed = self.seed * 1000 + self._phases * 100 + i  # distinct per process and phase
+            parts.append(Phase(self.urls, duration_s, n, first, seed, self.max_tokens, **kw))
+            first += n
+        return parts
+
+    async def _gather(self, parts: list[Phase]) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        return list(
+            await asyncio.gather(*(loop.run_in_executor(self._pool, _run_phase, p) for p in parts))
+        )
+
+    async def closed_loop(self, concurrency: int, duration_s: float) -> float:
+        """Completed requests per second, `concurrency` clients split between the processes."""
+        per = max(1, concurrency // self.processes)
+        outs = await self._gather(self._parts(duration_s, concurrency=per))
+        return float(sum(o["rate"] for o in outs))
+
+    async def run(self, rate: float, duration_s: float) -> PhaseResult:
+        """Poisson arrivals at `rate` in all, each process its share, for `duration_s`."""
+        outs = await self._gather(self._parts(duration_s, rate=rate / self.processes))
+        results = [
+            Result(started=s, status=st, ttft_s=t, failed_mid_stream=mid, error=err)
+            for o in outs
+            for s, st, t, mid, err in o["rows"]
+        ]
+        results.sort(key=lambda r: r.started)
+        return PhaseResult(
+            results, [x for o in outs for x in o["lag"]], sum(int(o["shed"]) for o in outs)
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
