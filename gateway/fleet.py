@@ -29,6 +29,7 @@ from gateway.fleet_store import FleetRecord, FleetStore, MemoryFleetStore, Redis
 from gateway.settings import InstanceSettings
 from gateway.state import AppState
 from gateway.tier_stats import run_poller
+from gateway.tierd_events import subscribe, unsubscribe
 from router.state.base import StateUnavailableError
 from router.state.sync import StateSync
 
@@ -155,11 +156,9 @@ class Fleet:
         if sync is not None and spec.id not in sync.instances:
             sync.instances.append(spec.id)
         state.prefetch.add(spec)
-        consumer = state.kv_events
-        if consumer is not None and spec.kv_events_endpoint:
-            consumer.add_source(spec.id, spec.kv_events_endpoint, spec.kv_events_replay_endpoint)
-        elif spec.kv_events_endpoint and state.settings.kv_events.enabled:
-            log.warning("instance %s: KV events need a consumer started with the gateway", spec.id)
+        subscribe(state.kv_events, state.tierd_events, spec)
+        if state.kv_events is None and (spec.kv_events_endpoint or spec.tierd_events_endpoint):
+            log.warning("instance %s: its events need kv_events.enabled at startup", spec.id)
         if state.prefetch.available and not _running(state, "tier-stats"):
             state.spawn(run_poller(state), "tier-stats")
         state.spawn(state.health.check(spec.id), f"first-check:{spec.id}")
@@ -175,9 +174,7 @@ class Fleet:
         state.router.index.clear_instance(instance_id)
         state.prefetch.remove(instance_id)
         state.tier_stats.pop(instance_id, None)
-        consumer = state.kv_events
-        if consumer is not None:
-            consumer.remove_source(instance_id)
+        unsubscribe(state.kv_events, state.tierd_events, instance_id)
 
     async def finish_drains(self) -> list[str]:
         """Let go of each draining instance nobody in the pool has a request on any more."""

@@ -186,12 +186,22 @@ class KvEventConsumer:
         self._resyncs.add(task)
         task.add_done_callback(self._resyncs.discard)
 
-    def add_source(self, instance: str, endpoint: str, replay: str | None = None) -> None:
-        """Consume an instance added at runtime (gateway.fleet)."""
+    def add_source(
+        self,
+        instance: str,
+        endpoint: str,
+        replay: str | None = None,
+        *,
+        tiers: Collection[Tier] | None = None,
+    ) -> None:
+        """Consume an instance added at runtime (gateway.fleet); `tiers`: those its publisher
+        here owns, when it is one of several (None: all)."""
         self.remove_source(instance)
         self.endpoints[instance] = endpoint
         if replay:
             self.replay_endpoints[instance] = replay
+        if tiers is not None:
+            self.tiers[instance] = tuple(tiers)
         self._trackers[instance] = SeqTracker()
         self._stats[instance] = SourceStats(instance, endpoint)
         self._subscribe(instance, endpoint)
@@ -203,6 +213,7 @@ class KvEventConsumer:
             task.cancel()
         self.endpoints.pop(instance, None)
         self.replay_endpoints.pop(instance, None)
+        self.tiers.pop(instance, None)
         self._stats.pop(instance, None)
 
     async def close(self) -> None:

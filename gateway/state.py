@@ -64,6 +64,7 @@ class AppState:
     pipeline: RequestPipeline | None = None  # gateway.pipeline: built once the parts are
     bindings: SessionBindings | None = None  # gateway.shared_state: cross-replica sessions
     kv_events: KvEventConsumer | None = None  # gateway.kv_events: engines' residency events
+    tierd_events: KvEventConsumer | None = None  # gateway.tierd_events: tierds' events
     fleet: Fleet | None = None  # gateway.fleet: runtime fleet changes
     limits: Limiter | None = None  # gateway.limits: rate limits
     ui: UiRuntime | None = None  # gateway.ui.live: the operator page's history

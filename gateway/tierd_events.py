@@ -16,7 +16,7 @@ from typing import Any
 
 from contracts.tiers import Tier
 from gateway.kv_events import KvEventConsumer
-from gateway.settings import Settings
+from gateway.settings import InstanceSettings, Settings
 from gateway.state import AppState
 
 ENGINE_TIERS: tuple[Tier, ...] = (Tier.HBM,)
@@ -33,11 +33,10 @@ def engine_tiers(settings: Settings) -> dict[str, tuple[Tier, ...]]:
     return dict.fromkeys(tierd_endpoints(settings), ENGINE_TIERS)
 
 
-async def attach_tierd_events(state: AppState) -> KvEventConsumer | None:
-    """Consume every configured tierd's events (called by `attach_kv_events`)."""
+async def attach_tierd_events(state: AppState) -> KvEventConsumer:
+    """Consume every configured tierd's events (called by `attach_kv_events`), and those of
+    instances added at runtime (`subscribe`)."""
     endpoints = tierd_endpoints(state.settings)
-    if not endpoints:
-        return None
     consumer = KvEventConsumer(
         state.router.index,
         endpoints,
@@ -45,6 +44,7 @@ async def attach_tierd_events(state: AppState) -> KvEventConsumer | None:
         tiers=dict.fromkeys(endpoints, TIERD_TIERS),
     )
     await consumer.start()
+    state.tierd_events = consumer
     state.closers.append(consumer.close)
 
     async def readiness() -> dict[str, Any]:
@@ -52,3 +52,29 @@ async def attach_tierd_events(state: AppState) -> KvEventConsumer | None:
 
     state.readiness["tierd_events"] = readiness
     return consumer
+
+
+def subscribe(
+    engine: KvEventConsumer | None, tierd: KvEventConsumer | None, spec: InstanceSettings
+) -> None:
+    """An instance added at runtime (`gateway.fleet`): its engine's events and, when it names
+    one, its tierd's, each publisher owning its tiers as at startup."""
+    with_tierd = tierd is not None and spec.tierd_events_endpoint is not None
+    if engine is not None and spec.kv_events_endpoint:
+        engine.add_source(
+            spec.id,
+            spec.kv_events_endpoint,
+            spec.kv_events_replay_endpoint,
+            tiers=ENGINE_TIERS if with_tierd else None,
+        )
+    if tierd is not None and spec.tierd_events_endpoint:
+        tierd.add_source(spec.id, spec.tierd_events_endpoint, tiers=TIERD_TIERS)
+
+
+def unsubscribe(
+    engine: KvEventConsumer | None, tierd: KvEventConsumer | None, instance: str
+) -> None:
+    """An instance that left the fleet: neither of its publishers is read any more."""
+    for consumer in (engine, tierd):
+        if consumer is not None:
+            consumer.remove_source(instance)

@@ -4,6 +4,12 @@ AllBlocksCleared never erases what the other said (`gateway.tierd_events`)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
 from contracts.kv_events import (
     AllBlocksCleared,
     BlockStored,
@@ -13,8 +19,15 @@ from contracts.kv_events import (
 )
 from contracts.tiers import Medium, Tier
 from gateway.kv_events import KvEventConsumer
-from gateway.settings import Settings
-from gateway.tierd_events import ENGINE_TIERS, TIERD_TIERS, engine_tiers, tierd_endpoints
+from gateway.settings import InstanceSettings, Settings
+from gateway.tierd_events import (
+    ENGINE_TIERS,
+    TIERD_TIERS,
+    engine_tiers,
+    subscribe,
+    tierd_endpoints,
+    unsubscribe,
+)
 from router.index import PrefixIndex
 
 CHAIN = [11, 12, 13, 14, 15]
@@ -69,3 +82,51 @@ def test_settings_name_a_tierd_events_endpoint() -> None:
     )
     assert tierd_endpoints(settings) == {"e0": "ipc:///t0"}
     assert engine_tiers(settings) == {"e0": ENGINE_TIERS}  # e1's engine owns every tier
+
+
+async def test_an_instance_added_at_runtime_gets_its_tierds_events_too(tmp_path: Path) -> None:
+    index = PrefixIndex()
+    engine = KvEventConsumer(index, {})
+    tierd = KvEventConsumer(index, {})
+    ctx = zmq.asyncio.Context()
+    pubs = {}
+    for name in ("engine", "tierd"):
+        pubs[name] = ctx.socket(zmq.PUB)
+        pubs[name].setsockopt(zmq.LINGER, 0)
+        pubs[name].bind(f"ipc://{tmp_path}/{name}")
+    spec = InstanceSettings(
+        id="e9",
+        url="http://127.0.0.1:1",
+        kv_events_endpoint=f"ipc://{tmp_path}/engine",
+        tierd_events_endpoint=f"ipc://{tmp_path}/tierd",
+    )
+    await engine.start()
+    await tierd.start()
+    try:
+        subscribe(engine, tierd, spec)
+        want = {"e9": {Tier.HBM: 2, Tier.HOST: 3}}
+        seq = 0
+        for _ in range(100):  # a SUB socket joins a moment after it connects: publish again
+            await pubs["engine"].send_multipart(frames(seq, stored(CHAIN[:2], Medium.GPU)))
+            await pubs["tierd"].send_multipart(frames(seq, stored(CHAIN, Medium.CPU)))
+            seq += 1
+            await asyncio.sleep(0.02)
+            if index.match(CHAIN, ["e9"]) == want:
+                break
+        assert index.match(CHAIN, ["e9"]) == want
+        # the engine's feed owns HBM only, as at startup: its clear leaves tierd's blocks
+        await pubs["engine"].send_multipart(frames(seq, AllBlocksCleared()))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if index.match(CHAIN, ["e9"]) == {"e9": {Tier.HOST: 5}}:
+                break
+        assert index.match(CHAIN, ["e9"]) == {"e9": {Tier.HOST: 5}}
+        unsubscribe(engine, tierd, "e9")
+        assert "e9" not in engine.endpoints and "e9" not in tierd.endpoints
+        assert "e9" not in engine.tiers and "e9" not in tierd.tiers
+    finally:
+        await engine.close()
+        await tierd.close()
+        for sock in pubs.values():
+            sock.close()
+        ctx.term()
