@@ -182,6 +182,9 @@ def test_compose_services_agree_with_the_gateway_config() -> None:
         array_mounts |= {v for v in tierd["volumes"] if v.endswith(":/var/lib/warmgate/array")}
         events = urlparse(inst["kv_events_endpoint"])
         assert events.hostname == engine_url.hostname
+        tierd_events = urlparse(inst["tierd_events_endpoint"])  # host memory, array, snapshots
+        assert tierd_events.hostname == tierd_url.hostname
+        assert _flag(tierd["command"], "--events-endpoint") == f"tcp://*:{tierd_events.port}"
         for profile, aliases in names_by_alias.items():
             (engine_name,) = aliases[engine_url.hostname]  # one engine per name and profile
             engine = services[engine_name]
@@ -371,12 +374,14 @@ def test_kubernetes_pieces_agree() -> None:
             ("url", "http"),
             ("tierd_url", "tierd"),
             ("kv_events_endpoint", "kv-events"),
+            ("tierd_events_endpoint", "tierd-events"),
         ):
             u = urlparse(inst[key])
             assert u.hostname == f"{inst['id']}.{headless['metadata']['name']}"
             assert u.port == ports[port_name]
     tierd = containers["tierd"]
     assert "--instance-id=$(POD_NAME)" in tierd["args"]
+    assert f"--events-endpoint=tcp://*:{ports['tierd-events']}" in tierd["args"]
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["array"]["persistentVolumeClaim"]["claimName"] == "warmgate-array"
     assert docs["PersistentVolumeClaim", "warmgate-array"]["spec"]["accessModes"] == [
