@@ -113,6 +113,7 @@ async def run_row(
             after = await _tierd_slices(fleet, client) if fleet.tierds else None
         healthy = fleet.engine_urls[-1]
         verified = await load.verify(healthy, sample=args.verify)
+        continued_checked, continued_same = await load.continued_identical(healthy)
         await load.aclose()
     finally:
         await asyncio.to_thread(fleet.stop)
@@ -131,6 +132,7 @@ async def run_row(
         "failed_before_first_byte": len(failed_before),
         "failed_mid_stream": len(failed_mid),
         "continued": sum(r.continued for r in results),
+        "continued_identical_to_uninterrupted": f"{continued_same} of {continued_checked}",
         "time_to_detect_s": detect,
         "time_to_recover_s": recover,
         "wrong_answers": sum(r.wrong is not None for r in results),
@@ -161,6 +163,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
+def _continued(row: dict[str, Any]) -> str:
+    same = row.get("continued_identical_to_uninterrupted")
+    return (
+        f"{row['continued']} ({same} identical)"
+        if row["continued"] and same
+        else str(row["continued"])
+    )
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| fault | requests | failed before first byte | failed mid-stream | continued | "
@@ -173,7 +184,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         lines.append(
             f"| {r['fault']} | {r['requests']} | {r['failed_before_first_byte']} | "
-            f"{r['failed_mid_stream']} | {r['continued']} | {r['time_to_detect_s']} | "
+            f"{r['failed_mid_stream']} | {_continued(r)} | {r['time_to_detect_s']} | "
             f"{r['time_to_recover_s']} | {r['wrong_answers']} | {r['data_lost']} |"
         )
     return "\n".join(lines) + "\n"

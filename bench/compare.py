@@ -183,7 +183,11 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     )  # fmt: skip
     spec: FleetSpec | RealFleetSpec = (
         RealFleetSpec(
-            instances=args.instances, tiers=args.tiers, num_gpu_blocks=args.engine_kv_blocks
+            instances=args.instances,
+            tiers=args.tiers,
+            num_gpu_blocks=args.engine_kv_blocks,
+            tier_load=args.tier_load,
+            tier_lookup=args.tier_lookup,
         )
         if args.engines == "vllm"
         else sim_spec
@@ -211,6 +215,9 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "kv_capacity_tokens": args.kv_capacity_tokens,
             "engine_kv_blocks": args.engine_kv_blocks,
             "tier_block_chars": args.tier_block_chars,
+            "tiers": args.tiers,
+            "tier_load": args.tier_load,
+            "tier_lookup": args.tier_lookup,
         },
         "gateways": {},
         "notes": [],

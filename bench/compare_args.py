@@ -55,6 +55,11 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         action="store_true",
         help="vllm: a tierd with the KV connector beside each engine for warmgate's runs",
     )
+    for mode in ("load", "lookup"):
+        p.add_argument(
+            f"--tier-{mode}", choices=("sync", "async"), default="sync",
+            help=f"with --tiers: the KV connector's {mode} mode (tierd.connector)",
+        )  # fmt: skip
     p.add_argument("--json", dest="json_out", help="also write results.json here")
     p.add_argument("--seed", type=int, default=None, help="workload seed (7; vllm: 11)")
     p.add_argument("--profile", default="qwen2.5-32b-h200")

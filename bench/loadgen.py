@@ -229,6 +229,23 @@ class Load:
         if res.status == 200 and not res.failed_mid_stream and not res.text:
             res.wrong = "empty answer"
 
+    async def continued_identical(self, engine_url: str) -> tuple[int, int]:
+        """Of the answers continued on another instance, how many equal the healthy engine's
+        own uninterrupted answer to the same prompt: (checked, identical). On real engines
+        with greedy decoding that is what "the client cannot tell" means; the simulator's
+        text is a function of the prompt, so there a continued tail differs by design."""
+        continued = [r for r in self.results if r.continued and r.status == 200 and r.body]
+        gate = asyncio.Semaphore(16)
+
+        async def one(res: Result) -> bool:
+            async with gate:
+                body = {**res.body, "stream": False}
+                r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
+            return r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == res.text
+
+        same = await asyncio.gather(*(one(r) for r in continued))
+        return len(continued), sum(same)
+
     async def verify(self, engine_url: str, sample: int = 300) -> int:
         """Ask a healthy engine directly for (a sample of) the answers served whole and not
         continued; mark those whose text differs. Returns how many were checked."""

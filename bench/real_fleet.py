@@ -48,6 +48,10 @@ class RealFleetSpec:
     # array, `tierd_url` in warmgate's config: prefetch hints and measured tier bandwidths);
     # peers always get plain engines. `bench compare --tiers`.
     tiers: bool = False
+    # the connector's modes (gateway.engines.tiered.TieredConfig): sync loads before the
+    # forward pass or async ones beside it; lookups on vLLM's scheduler loop or off it
+    tier_load: str = "sync"
+    tier_lookup: str = "sync"
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -167,6 +171,10 @@ async def real_fleet_with_gateway(
     # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
     tiered = spec.tiers and gateway in WARMGATE_POLICIES and not gateway.endswith("-bare")
     # may build the model once
-    fleet = await asyncio.to_thread(lambda: RealFleet(spec, workdir, tiered=tiered))
+    fleet = await asyncio.to_thread(
+        lambda: RealFleet(
+            spec, workdir, tiered=tiered, load=spec.tier_load, lookup=spec.tier_lookup
+        )
+    )
     async with gateway_in_front(fleet, gateway, workdir, keep_logs) as pair:
         yield pair
