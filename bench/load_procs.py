@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +63,28 @@ def _run_phase(phase: Phase) -> dict[str, Any]:
     return asyncio.run(go())
 
 
+def _handover(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]]
+) -> tuple[Callable[[dict[str, Any]], None], Callable[[BaseException], None]]:
+    """The pool's callbacks, run on its result thread, settling `fut` on the loop's."""
+
+    def settle(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+        if fut.done():  # cancelled: the soak is being interrupted
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result or {})
+
+    def ok(result: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(settle, result, None)
+
+    def failed(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(settle, None, exc)
+
+    return ok, failed
+
+
 class LoadProcesses:
     """`processes` load generators splitting `players` and the rate between them."""
 
@@ -83,7 +104,9 @@ class LoadProcesses:
         self.players = players
         self.max_tokens = max_tokens
         self.seed = seed
-        self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        # a Pool, not a ProcessPoolExecutor: `close()` can terminate workers still running a
+        # phase (an interrupted soak must not leave them loading the gateway for 30 minutes)
+        self._pool = multiprocessing.get_context("spawn").Pool(processes)
         self._phases = 0
 
     def _parts(self, duration_s: float, **kw: Any) -> list[Phase]:
@@ -99,9 +122,13 @@ class LoadProcesses:
 
     async def _gather(self, parts: list[Phase]) -> list[dict[str, Any]]:
         loop = asyncio.get_running_loop()
-        return list(
-            await asyncio.gather(*(loop.run_in_executor(self._pool, _run_phase, p) for p in parts))
-        )
+        futures: list[asyncio.Future[dict[str, Any]]] = []
+        for part in parts:
+            fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+            ok, failed = _handover(loop, fut)
+            self._pool.apply_async(_run_phase, (part,), callback=ok, error_callback=failed)
+            futures.append(fut)
+        return list(await asyncio.gather(*futures))
 
     async def closed_loop(self, concurrency: int, duration_s: float) -> float:
         """Completed requests per second, `concurrency` clients split between the processes."""
@@ -123,4 +150,5 @@ class LoadProcesses:
         )
 
     def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)
+        self._pool.terminate()
+        self._pool.join()

@@ -113,6 +113,13 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
     load = LoadProcesses(
         [base], processes=args.clients, players=args.players, max_tokens=args.max_tokens
     )
+    try:
+        return await _soak(args, fleet, load)
+    finally:
+        load.close()
+
+
+async def _soak(args: argparse.Namespace, fleet: SimFleet, load: LoadProcesses) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     missed: list[str] = []
     async with httpx.AsyncClient(timeout=10) as client:
@@ -144,7 +151,6 @@ async def soak(args: argparse.Namespace, fleet: SimFleet) -> dict[str, Any]:
         ended = time.monotonic()
         stop.set()
         await task
-    load.close()
     win = args.window_min * 60
     measured = [at_start, *(s for s in samples if s["t"] > started)]
     first = [s for s in measured if s["t"] <= started + win]
