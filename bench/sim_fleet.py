@@ -242,11 +242,14 @@ def wait_redis(port: int, timeout_s: float = 20.0) -> None:
 
 
 def proc_sample(pid: int) -> dict[str, float]:
-    """RSS (bytes) and open descriptors of a process, from /proc."""
+    """RSS (bytes), open descriptors and CPU seconds (user + system) of a process, from /proc."""
     rss = 0.0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = float(line.split()[1]) * 1024
     fds = float(len(os.listdir(f"/proc/{pid}/fd")))
-    return {"rss_bytes": rss, "fds": fds}
+    with open(f"/proc/{pid}/stat") as f:  # utime, stime: fields 14, 15 after the (comm)
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return {"rss_bytes": rss, "fds": fds, "cpu_s": cpu_s}

@@ -184,6 +184,10 @@ async def _soak(args: argparse.Namespace, fleet: SimFleet, load: LoadProcesses) 
             "failed": sum(r.status != 200 or r.failed_mid_stream for r in warm.results),
             "rss_growth_pct": _growth_pct(samples[0], at_start),
         },
+        # how hard the gateway worked: the share of one core it used over the measured minutes
+        "gateway_cpu_share": round(
+            (last["cpu_s"] - at_start["cpu_s"]) / (last["t"] - at_start["t"]), 3
+        ),
         "rss_warmup_start_mb": _rss_mb(samples[0]),
         "rss_start_mb": _rss_mb(at_start),
         "rss_after_first_window_mb": _rss_mb(after_first),
@@ -227,6 +231,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("load generator: processes / schedule lag p50 / p99 / max, s",
          f"{r['clients']} / {lag['p50']} / {lag['p99']} / {lag['max']}"),
         ("minutes measured / wall time of the load", f"{r['minutes']} / {r['load_wall_min']}"),
+        ("gateway CPU over the measured minutes, share of one core", r["gateway_cpu_share"]),
         ("warm-up before: minutes / requests / failed / RSS growth",
          "none" if warm is None else
          f"{r['warmup_minutes']} / {warm['requests']} / {warm['failed']} / "
