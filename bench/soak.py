@@ -59,9 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--clients", type=int, default=1,
-        help="load-generator processes, for capacity and soak alike (more where one process "
-        "cannot drive the gateway; here a second raised the closed-loop figure, not the rate "
-        "an open loop could hold)",
+        help="load-generator processes, for capacity and soak alike (bench.load_procs)",
     )  # fmt: skip
     p.add_argument("--run-dir", default=None)
     p.add_argument(

@@ -159,10 +159,13 @@ class EngineLoads:
 
 
 async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLoad | None:
+    # httpx's timeouts bound each operation (connect, each read), not the whole exchange:
+    # the deadline around it keeps one engine from ever stalling every instance's scrape
     try:
-        resp = await client.get(f"{url}/metrics", timeout=timeout_s)
-        resp.raise_for_status()
-    except httpx.HTTPError:
+        async with asyncio.timeout(2 * timeout_s):
+            resp = await client.get(f"{url}/metrics", timeout=timeout_s)
+            resp.raise_for_status()
+    except (httpx.HTTPError, TimeoutError):
         return None
     load = EngineLoad.parse(resp.text)
     if load.waiting is None and load.kv_usage is None and not load.prompt_tokens_by_source:
@@ -202,10 +205,17 @@ def attach_engine_load(state: AppState) -> None:
     )
     state.engine_load = loads
     state.health.candidate_filters.append(loads.filter)
+    # a pool of its own, as the health checks have: requests cancelled or stuck in the
+    # shared client (hints, /tokenize) must never stall the scrapes the veto depends on
+    client = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=max(16, 2 * len(state.settings.instances))),
+        trust_env=False,
+    )
+    state.closers.append(client.aclose)
     state.spawn(
         run_scraper(
             loads,
-            state.client,
+            client,
             state.health.instances,
             interval_s=cfg.interval_s,
             timeout_s=max(state.settings.health.timeout_s, 1.0),

@@ -64,7 +64,7 @@ def test_an_engine_with_requests_waiting_is_vetoed(
                     break
                 time.sleep(0.05)
             else:
-                raise AssertionError(f"never seen overloaded: {seen[-3:]}")
+                raise AssertionError(f"never seen overloaded: {seen[-3:]}\n{gw.log_tail()}")
             assert [r.result().status_code for r in futures] == [200] * 4
         assert "requests waiting" in view["overloaded"]
         assert [c["instance"] for c in explained["candidates"]] == [idle.id], explained

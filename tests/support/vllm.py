@@ -129,9 +129,9 @@ class Gateway:
         self.base = f"http://127.0.0.1:{self.port}"
         path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = tmp / f"gateway-{self.port}.log"
         self.proc = ManagedProcess(
-            [sys.executable, "-m", "gateway.serve", "--config", str(path)],
-            tmp / f"gateway-{self.port}.log",
+            [sys.executable, "-m", "gateway.serve", "--config", str(path)], self.log_path
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> Gateway:
@@ -140,6 +140,10 @@ class Gateway:
 
     def admin(self, path: str) -> Any:
         return httpx.get(f"{self.base}/admin/{path}", timeout=10).json()
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the gateway's log, for a failing assertion's message."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
         self.proc.stop()
