@@ -31,6 +31,8 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
+        pass  # the client closed its connection
+    finally:  # on every exit, cancellation included: no writer left for the GC after the loop
         writer.close()
 
 
@@ -53,6 +55,7 @@ async def test_a_busy_client_keeps_the_schedule_and_the_duration() -> None:
     finally:
         stop.set()
         await load.aclose()
+        await asyncio.sleep(0.1)  # the handlers see their clients go and close their writers
         server.close()
         await server.wait_closed()
     # a loop iteration takes 10 ms: a generator starting one arrival an iteration sends at
