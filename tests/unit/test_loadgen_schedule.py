@@ -58,9 +58,11 @@ async def test_a_busy_client_keeps_the_schedule_and_the_duration() -> None:
         await asyncio.sleep(0.1)  # the handlers see their clients go and close their writers
         server.close()
         await server.wait_closed()
-    # a loop iteration takes 10 ms: a generator starting one arrival an iteration sends at
-    # most 100 a second, and its last of 300 arrivals would start a second late
+    # a loop iteration takes 10 ms or more: a generator starting one arrival an iteration
+    # sends at most 100 a second, and its last of 300 arrivals would start about 2 s late
+    # (3.9 s into the run here); this one starts each within an iteration (0.2 s at most
+    # seen on a slow machine, when an iteration also runs hundreds of requests' steps)
     assert 200 <= len(results) <= 400, len(results)
-    assert max(r.started for r in results) - t0 < 2.2
-    assert max(load.lag) < 0.1, max(load.lag)
+    assert max(r.started for r in results) - t0 < 3.0
+    assert max(load.lag) < 0.6, max(load.lag)
     assert len(results) == len(load.lag) and all(r.status == 200 for r in results)
