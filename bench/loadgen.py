@@ -229,6 +229,15 @@ class Load:
         if res.status == 200 and not res.failed_mid_stream and not res.text:
             res.wrong = "empty answer"
 
+    async def _engine_text(self, engine_url: str, res: Result) -> str | None:
+        """The engine's own non-streamed answer to `res`'s prompt, or None if it failed."""
+        body = {**res.body, "stream": False}
+        r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            return None
+        text: str = r.json()["choices"][0]["message"]["content"]
+        return text
+
     async def continued_identical(self, engine_url: str) -> tuple[int, int]:
         """Of the answers continued on another instance, how many equal the healthy engine's
         own uninterrupted answer to the same prompt: (checked, identical). On real engines
@@ -239,9 +248,7 @@ class Load:
 
         async def one(res: Result) -> bool:
             async with gate:
-                body = {**res.body, "stream": False}
-                r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
-            return r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == res.text
+                return await self._engine_text(engine_url, res) == res.text
 
         same = await asyncio.gather(*(one(r) for r in continued))
         return len(continued), sum(same)
@@ -259,10 +266,7 @@ class Load:
 
         async def one(res: Result) -> None:
             async with gate:
-                body = {**res.body, "stream": False}
-                r = await self._client.post(f"{engine_url}/v1/chat/completions", json=body)
-            ok = r.status_code == 200
-            text = r.json()["choices"][0]["message"]["content"] if ok else None
+                text = await self._engine_text(engine_url, res)
             if text != res.text:
                 res.wrong = "text differs from the engine's own answer to the same prompt"
 
