@@ -7,15 +7,14 @@ times are `time.monotonic()`, one clock for every process on the machine."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bench.loadgen import Load, Result
-
-# what a soak keeps of each request (the rest stays in the process that made it)
-_Row = tuple[float, int, float | None, bool, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +36,31 @@ class PhaseResult:
     results: list[Result]
     lag: list[float]  # how late each arrival started, s
     shed: int
+    gc_pauses: list[tuple[float, float, int]]  # every load process's, by start time
+    client_cpu: list[list[tuple[float, float]]]  # per load process: (monotonic, process_time)
+
+
+class _ClientWatch:
+    """What a load process costs itself over a phase: its CPU, sampled, and each garbage
+    collection's pause, so a soak can tell a slower gateway from a slower client."""
+
+    def __init__(self) -> None:
+        self.cpu: list[tuple[float, float]] = []  # (monotonic, process_time)
+        self.gc: list[tuple[float, float, int]] = []  # (monotonic at start, pause s, generation)
+        self._began: tuple[float, float] | None = None
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = (time.monotonic(), time.perf_counter())
+        elif self._began is not None:
+            at, t = self._began
+            self.gc.append((at, time.perf_counter() - t, info["generation"]))
+            self._began = None
+
+    async def sample_cpu(self, every_s: float) -> None:
+        while True:
+            self.cpu.append((time.monotonic(), time.process_time()))
+            await asyncio.sleep(every_s)
 
 
 def _run_phase(phase: Phase) -> dict[str, Any]:
@@ -52,11 +76,22 @@ def _run_phase(phase: Phase) -> dict[str, Any]:
         try:
             if phase.concurrency:
                 return {"rate": await load.closed_loop(phase.concurrency, phase.duration_s)}
-            await load.run(phase.rate, phase.duration_s)
-            rows: list[_Row] = [
-                (r.started, r.status, r.ttft_s, r.failed_mid_stream, r.error) for r in load.results
-            ]
-            return {"rows": rows, "lag": load.lag, "shed": load.shed}
+            # what exists now (modules, the client, its pool) lives through the phase: no full
+            # collection walks it again, so the client pauses its streams less
+            gc.freeze()
+            watch = _ClientWatch()
+            gc.callbacks.append(watch.on_gc)
+            sampler = asyncio.create_task(watch.sample_cpu(5.0))
+            try:
+                await load.run(phase.rate, phase.duration_s)
+            finally:
+                gc.callbacks.remove(watch.on_gc)
+                sampler.cancel()
+            watch.cpu.append((time.monotonic(), time.process_time()))
+            return {
+                "rows": load.rows, "lag": load.lag, "shed": load.shed, "gc": watch.gc,
+                "cpu": watch.cpu,
+            }  # fmt: skip
         finally:
             await load.aclose()
 
@@ -139,14 +174,14 @@ class LoadProcesses:
     async def run(self, rate: float, duration_s: float) -> PhaseResult:
         """Poisson arrivals at `rate` in all, each process its share, for `duration_s`."""
         outs = await self._gather(self._parts(duration_s, rate=rate / self.processes))
-        results = [
-            Result(started=s, status=st, ttft_s=t, failed_mid_stream=mid, error=err)
-            for o in outs
-            for s, st, t, mid, err in o["rows"]
-        ]
+        results = [r for o in outs for r in o["rows"].results()]
         results.sort(key=lambda r: r.started)
         return PhaseResult(
-            results, [x for o in outs for x in o["lag"]], sum(int(o["shed"]) for o in outs)
+            results,
+            [x for o in outs for x in o["lag"]],
+            sum(int(o["shed"]) for o in outs),
+            sorted((float(t), float(d), int(g)) for o in outs for t, d, g in o["gc"]),
+            [[(t, c) for t, c in o["cpu"]] for o in outs],
         )
 
     def close(self) -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,43 @@ class Result:
     body: dict[str, Any] = field(default_factory=dict)
     instance: str | None = None
     error: str | None = None
+
+
+class Rows:
+    """What a soak keeps of each request (started, status, TTFT, failed mid-stream, error),
+    in arrays the garbage collector never walks: a client keeping hundreds of thousands of
+    Results (each a tracked object) paused longer at every full collection as the run went
+    on, and each pause delayed every stream it was reading."""
+
+    def __init__(self) -> None:
+        self.started = array("d")
+        self.status = array("i")
+        self.ttft_s = array("d")  # NaN: no first token
+        self.mid_stream = bytearray()  # 1: failed after its first byte
+        self.errors: dict[int, str] = {}  # by row; rare
+
+    def add(self, res: Result) -> None:
+        if res.error is not None:
+            self.errors[len(self.started)] = res.error
+        self.started.append(res.started)
+        self.status.append(res.status)
+        self.ttft_s.append(math.nan if res.ttft_s is None else res.ttft_s)
+        self.mid_stream.append(res.failed_mid_stream)
+
+    def __len__(self) -> int:
+        return len(self.started)
+
+    def results(self) -> list[Result]:
+        return [
+            Result(
+                started=self.started[i],
+                status=self.status[i],
+                ttft_s=None if math.isnan(self.ttft_s[i]) else self.ttft_s[i],
+                failed_mid_stream=bool(self.mid_stream[i]),
+                error=self.errors.get(i),
+            )
+            for i in range(len(self.started))
+        ]
 
 
 @dataclass
@@ -82,7 +121,8 @@ class Load:
     ) -> None:
         self.model = model
         self.body_extra = {"ignore_eos": True} if body_extra is None else body_extra
-        self.keep = keep  # keep each request's body and text (for `verify`); not in a soak
+        # keep each request's Result, body and text (for `verify`); a soak keeps `rows` only
+        self.keep = keep
         self.urls = list(urls)
         self.players = [Player(first_player + i) for i in range(players)]
         self.max_tokens = max_tokens
@@ -90,8 +130,9 @@ class Load:
         self.rng = random.Random(seed)
         self.retry_other = retry_other
         self.results: list[Result] = []
+        self.rows = Rows()  # when not `keep`
         self.shed = 0
-        self.lag: list[float] = []  # run(): how late each arrival started, s
+        self.lag = array("d")  # run(): how late each arrival started, s
         self._sem = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(60.0, connect=5.0),
@@ -167,9 +208,10 @@ class Load:
             self._check(res)
             if res.status == 200 and res.wrong is None:
                 player.history += [messages[-1], {"role": "assistant", "content": res.text}]
-            if not self.keep:
-                res.body, res.text = {}, ""
-            self.results.append(res)
+            if self.keep:
+                self.results.append(res)
+            else:
+                self.rows.add(res)
 
     async def _stream(self, url: str, body: dict[str, Any], res: Result) -> None:
         res.status, res.error, res.text = 0, None, ""

@@ -36,6 +36,14 @@ import httpx
 from bench.load_procs import LoadProcesses
 from bench.loadgen import Result, percentile
 from bench.sim_fleet import SimFleet, proc_sample
+from bench.soak_series import (
+    ENGINE_TTFT,
+    GATEWAY_GC,
+    GATEWAY_TTFT,
+    histogram_totals,
+    machine_busy_s,
+    series,
+)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -51,6 +59,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--capacity-s", type=float, default=45.0)
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--window-min", type=float, default=5.0)
+    p.add_argument(
+        "--series-s", type=float, default=60.0,
+        help="one row of the over-time series (TTFT at client, gateway and engines; CPU of "
+        "each part; the client's GC pauses) per this many seconds",
+    )  # fmt: skip
     p.add_argument(
         "--warmup-min", type=float, default=10.0,
         help="at the soak rate before the measured minutes, sampled and reported apart: one "
@@ -73,10 +86,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 async def _sample(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str, Any]:
     base = fleet.gateway_urls[0]
     out: dict[str, Any] = {"t": time.monotonic(), **proc_sample(fleet.gateways[0].pid)}
+    out["machine_busy_s"] = machine_busy_s()
+    out["engines_cpu_s"] = sum(proc_sample(e.pid)["cpu_s"] for e in fleet.engines)
     metrics = (await client.get(f"{base}/metrics")).text
     for line in metrics.splitlines():
         if line.startswith("warmgate_event_loop_tasks "):
             out["tasks"] = float(line.split()[1])
+    out["gateway_ttft_sum"], out["gateway_ttft_count"] = histogram_totals(metrics, GATEWAY_TTFT)
+    out["gateway_gc_s"] = histogram_totals(metrics, GATEWAY_GC)[0]
+    engine_sum = engine_count = 0.0
+    for url in fleet.engine_urls:
+        s, c = histogram_totals((await client.get(f"{url}/metrics")).text, ENGINE_TTFT)
+        engine_sum, engine_count = engine_sum + s, engine_count + c
+    out["engine_ttft_sum"], out["engine_ttft_count"] = engine_sum, engine_count
     index = (await client.get(f"{base}/admin/stats")).json()["router"]["index"]
     out["index_entries"] = index["entries"]
     out["index_distinct_blocks"] = index["distinct_blocks"]
@@ -206,6 +228,14 @@ async def _soak(args: argparse.Namespace, fleet: SimFleet, load: LoadProcesses) 
         if not (p99_first and p99_last)
         else round(100 * (p99_last / p99_first - 1), 1),
         "samples_missed": missed,
+        # over time, warm-up included (t_min from its start): where a drift comes from
+        "series": series(
+            samples,
+            [*(warm.results if warm else []), *results],
+            gc_pauses=[*(warm.gc_pauses if warm else []), *soaked.gc_pauses],
+            client_cpu=[*(warm.client_cpu if warm else []), *soaked.client_cpu],
+            every_s=args.series_s,
+        ),
         "samples": samples,
     }  # fmt: skip
 
@@ -256,6 +286,21 @@ def markdown(r: dict[str, Any]) -> str:
     ]  # fmt: skip
     lines = [f"# soak, {r['minutes']} min", "", "| figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += [
+        "", "## over time, warm-up included (TTFT in s, CPU in cores)", "",
+        "| min | requests | client TTFT p50 / p99 | gateway / engines TTFT mean "
+        "| CPU gateway / engines / load / machine | gateway GC pauses "
+        "| load GC pauses total / max / full |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    lines += [
+        f"| {x['t_min']} | {x['requests']} | {x['client_ttft_p50_s']} / "
+        f"{x['client_ttft_p99_s']} | {x['gateway_ttft_mean_s']} / {x['engine_ttft_mean_s']} "
+        f"| {x['gateway_cpu']} / {x['engines_cpu']} / {x['client_cpu']} / {x['machine_cpu']} "
+        f"| {x['gateway_gc_pause_s']} "
+        f"| {x['client_gc_pause_s']} / {x['client_gc_max_s']} / {x['client_gc_full']} |"
+        for x in r.get("series", [])
+    ]
     return "\n".join(lines) + "\n"
 
 

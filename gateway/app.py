@@ -118,6 +118,8 @@ def build_state(settings: Settings) -> AppState:
         started_at=time.time(),
     )
     state.closers.append(health_client.aclose)
+    metrics.gc_pauses.install()
+    state.closers.append(metrics.gc_pauses.remove)
     if settings.routing.mode == "precise":
         state.precise = PreciseChains(settings.routing.precise, client, state.health, state.metrics)
     return state

@@ -7,6 +7,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.gc_pauses import GcPauses
+
 # Seconds: from a few ms (warm, short prompt) to a minute (cold 100k-token prefill in a queue).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -105,6 +107,7 @@ class GatewayMetrics:
             "warmgate_event_loop_tasks", "asyncio tasks alive on the gateway's loop.", registry=r
         )
         self.event_loop_tasks.set_function(_task_count)
+        self.gc_pauses = GcPauses(r)  # installed by the app's lifespan, for its lifetime
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

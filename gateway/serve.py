@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -61,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
     for warning in exposure_warnings(settings):
         log.warning(warning)
-    serve(create_app(settings), settings, logging_config(settings.log_level))
+    app = create_app(settings)
+    # What start-up made (modules, routes, settings) lives as long as the process: frozen,
+    # no full collection walks it again, so each pauses the requests in flight for less.
+    gc.freeze()
+    serve(app, settings, logging_config(settings.log_level))
     return 0
 
 
