@@ -109,7 +109,8 @@ async def run_row(
             recover = await _first_true(
                 lambda: fault.cleared(fleet, client), recover_t, recover_t + args.recover_window
             )
-            results = await run
+            await run
+            results = load.recorded()
             after = await _tierd_slices(fleet, client) if fleet.tierds else None
         healthy = fleet.engine_urls[-1]
         verified = await load.verify(healthy, sample=args.verify)

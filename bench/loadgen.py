@@ -142,11 +142,12 @@ class Load:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def run(self, rate: float, duration_s: float) -> list[Result]:
+    async def run(self, rate: float, duration_s: float) -> None:
         """Poisson arrivals at `rate` per second for `duration_s` of wall time, then waits for
-        the last to end. It keeps its schedule: every arrival already due starts at once, so
-        a loop busy reading streams falls behind by one iteration, not by a backlog that
-        stretches the run; how late each started is in `lag`."""
+        the last to end (each recorded: `recorded()`). It keeps its schedule: every arrival
+        already due starts at once, so a loop busy reading streams falls behind by one
+        iteration, not by a backlog that stretches the run; how late each started is in
+        `lag`."""
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         end = loop.time() + duration_s
@@ -167,7 +168,10 @@ class Load:
                 nxt += self.rng.expovariate(rate)
         if tasks:
             await asyncio.gather(*tasks)
-        return self.results
+
+    def recorded(self) -> list[Result]:
+        """Every request so far: its Result (`keep`), or rebuilt from its row."""
+        return self.results if self.keep else self.rows.results()
 
     async def closed_loop(self, concurrency: int, duration_s: float) -> float:
         """Completed requests per second with `concurrency` clients always waiting."""
