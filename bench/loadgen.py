@@ -51,9 +51,9 @@ class Result:
 
 class Rows:
     """What a soak keeps of each request (started, status, TTFT, failed mid-stream, error),
-    in arrays the garbage collector never walks: a client keeping hundreds of thousands of
-    Results (each a tracked object) paused longer at every full collection as the run went
-    on, and each pause delayed every stream it was reading."""
+    in arrays: each one object to the garbage collector however long it grows. A client
+    keeping hundreds of thousands of Results (each a tracked object) paused longer at every
+    full collection as the run went on, and each pause delayed every stream it was reading."""
 
     def __init__(self) -> None:
         self.started = array("d")

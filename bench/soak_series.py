@@ -85,12 +85,13 @@ def series(
     for a, b in itertools.pairwise(picked):
         t0, t1 = float(a["t"]), float(b["t"])
         dt = t1 - t0
-        ttft = [r.ttft_s for r in starts if t0 <= r.started < t1 and r.ttft_s is not None]
+        inside = [r for r in starts if t0 <= r.started < t1]
+        ttft = [r.ttft_s for r in inside if r.ttft_s is not None]
         pauses = [d for t, d, _ in gc_pauses if t0 <= t < t1]
         full = [d for t, d, gen in gc_pauses if t0 <= t < t1 and gen == 2]
         row: dict[str, Any] = {
             "t_min": round((t0 - float(picked[0]["t"])) / 60, 2),
-            "requests": len(ttft),
+            "requests": len(inside),
             "client_ttft_p50_s": _round(percentile(ttft, 50)),
             "client_ttft_p99_s": _round(percentile(ttft, 99)),
             "gateway_ttft_mean_s": _mean(

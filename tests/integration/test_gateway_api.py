@@ -189,6 +189,7 @@ def test_ops_endpoints(fleet: Fleet, client: httpx.Client) -> None:
         "warmgate_reported_cached_tokens_total",
         "warmgate_predicted_cached_tokens_total",
         "warmgate_instance_healthy",
+        'warmgate_gc_pause_seconds_count{generation="0"}',
     ):
         assert name in metrics, name
 
