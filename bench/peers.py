@@ -49,6 +49,8 @@ WARMGATE_POLICIES = {
     "warmgate-prefix": "prefix",
     "round-robin": "round_robin",
     "warmgate-ttft-bare": "ttft",  # with --tiers: warmgate ttft on engines without tierd
+    # real engines: warmgate ttft tokenizing through the engines' /tokenize, not locally
+    "warmgate-ttft-tokenize": "ttft",
 }
 PEER_BINARIES = {
     "smg": PEERS_VENV / "bin" / "smg",
@@ -308,7 +310,10 @@ async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway
     log = workdir / f"gateway-{name}.log"
     if name in WARMGATE_POLICIES:
         cfg = workdir / f"warmgate-{name}.yaml"
-        cfg.write_text(yaml.safe_dump(fleet.warmgate_config(WARMGATE_POLICIES[name], port)))
+        config = fleet.warmgate_config(WARMGATE_POLICIES[name], port)
+        if name.endswith("-tokenize"):
+            config.get("routing", {}).get("precise", {}).pop("tokenizer_dir", None)
+        cfg.write_text(yaml.safe_dump(config))
         args = [sys.executable, "-m", "gateway.cli", "serve"]
         env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port)}
         proc = await Proc.spawn(name, args, log, env)

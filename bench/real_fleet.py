@@ -26,6 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.peers import WARMGATE_POLICIES, gateway_in_front
+from gateway import hf_tokenizer
 from gateway.engines.models import ensure_tiny_model
 from gateway.engines.tiered import TieredConfig, TieredFleet
 from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
@@ -154,6 +155,12 @@ class RealFleet:
                     "vllm_hash_algo": self.cfg.hash_algo,
                     "hash_seed": seed,
                     "block_size": self.block_size,
+                    # the engines' tokenizer files, read by the gateway: no /tokenize calls
+                    **(
+                        {"tokenizer_dir": str(self.cfg.model_dir)}
+                        if hf_tokenizer.available()
+                        else {}
+                    ),
                 },
             },
             "kv_events": {"enabled": self.cfg.kv_events, "topic": self.cfg.kv_events_topic},

@@ -90,6 +90,13 @@ class GatewayMetrics:
             "Requests this gateway is proxying right now.",
             registry=r,
         )
+        self.precise_tokenized = Counter(
+            "warmgate_precise_tokenized",
+            "Requests precise mode had tokens for, by source (local: the gateway's tokenizer; "
+            "engine: an engine's /tokenize round trip; ids: the prompt was token ids).",
+            ["source"],
+            registry=r,
+        )
         self.precise_fallbacks = Counter(
             "warmgate_precise_fallbacks",
             "Requests routed in approximate mode because precise mode could not tokenize them.",

@@ -70,6 +70,9 @@ class PreciseSettings(StrictModel):
     # keys a LoRA request's blocks by ("lora", name, path)
     lora_adapters: dict[str, str] = Field(default_factory=dict)
     tokenizer: str | None = None  # "module:factory" returning a local tokenizer; None: /tokenize
+    # the engines' Hugging Face tokenizer directory, read by the gateway (gateway.hf_tokenizer):
+    # no /tokenize round trip; requests it cannot reproduce exactly still go to /tokenize
+    tokenizer_dir: str | None = None
     tokenize_timeout_s: float = Field(default=2.0, gt=0)
 
     @property
@@ -82,6 +85,14 @@ class PreciseSettings(StrictModel):
     @property
     def effective_block_size(self) -> int:
         return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE
+
+    @model_validator(mode="after")
+    def _one_local_tokenizer(self) -> PreciseSettings:
+        if self.tokenizer is not None and self.tokenizer_dir is not None:
+            raise ValueError(
+                "routing.precise: set tokenizer (a module:factory) or tokenizer_dir, not both"
+            )
+        return self
 
 
 class RoutingSettings(StrictModel):

@@ -2,9 +2,11 @@
 exactly as the engines hash their KV blocks, so the router's index, its predictions and the
 engines' KV events all speak of the same blocks.
 
-Tokens come from a local tokenizer when one is configured (`routing.precise.tokenizer`,
-"module:factory"; the factory returns a callable taking the tokenize payload and returning
-token ids, sync or async), else from an engine's vLLM-compatible `POST /tokenize` (chat
+Tokens come from a local tokenizer when one is configured (`routing.precise.tokenizer_dir`:
+the engines' Hugging Face tokenizer files, `gateway.hf_tokenizer`, which passes what it cannot
+reproduce exactly to /tokenize; or `routing.precise.tokenizer`, "module:factory": the factory
+returns a callable taking the tokenize payload and returning token ids, sync or async), else
+from an engine's vLLM-compatible `POST /tokenize` (chat
 requests send `messages` and `tools`, so the engine applies its own chat template; the
 healthy candidates take turns). Hashing is `router.precise`'s (vLLM's `sha256_cbor` /
 `xxhash_cbor` with the engines' hash seed, or warmgate's xxh3 chain). When tokens cannot be
@@ -17,13 +19,14 @@ from __future__ import annotations
 import itertools
 import logging
 import pkgutil
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from contracts.errors import RoutingError
 from gateway.health import HealthChecker
+from gateway.hf_tokenizer import HfChatTokenizer, LocalTokenizeUnsupported
 from gateway.metrics import GatewayMetrics
 from gateway.parse import ParsedRequest
 from gateway.settings import PreciseSettings
@@ -33,6 +36,7 @@ from router.precise import (
     VllmBlockHasher,
     Xxh3BlockHasher,
     precise_route_request,
+    tokens_of,
 )
 from router.types import RouteRequest
 
@@ -73,10 +77,6 @@ def tokenize_payload(parsed: ParsedRequest) -> dict[str, Any]:
     return {"model": parsed.model, "prompt": prompt}
 
 
-def _identity(tokens: Any) -> Sequence[int]:
-    return list(tokens)
-
-
 class PreciseChains:
     """Builds token-exact `RouteRequest`s; one per app."""
 
@@ -92,7 +92,11 @@ class PreciseChains:
         self._health = health
         self._metrics = metrics
         self._turn = itertools.count()
-        self._local = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+        self._local: Tokenizer | None = None
+        if settings.tokenizer_dir is not None:
+            self._local = HfChatTokenizer(settings.tokenizer_dir)
+        elif settings.tokenizer is not None:
+            self._local = load_tokenizer(settings.tokenizer)
         self._xxh3: dict[str, Xxh3BlockHasher] = {}  # per model (seeded by it)
         self._vllm = (
             VllmBlockHasher(
@@ -126,6 +130,23 @@ class PreciseChains:
             raise TokenizeUnavailable(f"{instance}/tokenize answered no token list")
         return [int(t) for t in tokens]
 
+    def _ids(self, tokens: Any) -> Sequence[int]:
+        self._metrics.precise_tokenized.labels("ids").inc()
+        return list(tokens)
+
+    async def _tokens(self, payload: dict[str, Any], candidates: Sequence[str]) -> Sequence[int]:
+        """From the local tokenizer when it reproduces this request, else from an engine."""
+        if self._local is not None:
+            try:
+                local = await tokens_of(self._local, payload)
+                self._metrics.precise_tokenized.labels("local").inc()
+                return local
+            except LocalTokenizeUnsupported as exc:  # the engine renders it
+                log.debug("local tokenizer passes to /tokenize: %s", exc)
+        tokens = await self._engine_tokenize(payload, candidates)
+        self._metrics.precise_tokenized.labels("engine").inc()
+        return tokens
+
     async def route_request(
         self, parsed: ParsedRequest, candidates: Sequence[str]
     ) -> RouteRequest | None:
@@ -140,14 +161,12 @@ class PreciseChains:
                 and prompt
                 and all(isinstance(t, int) for t in prompt)
             ):
-                payload, tokenize = prompt, _identity  # already token ids
-            elif self._local is not None:
-                payload, tokenize = tokenize_payload(parsed), self._local
+                payload, tokenize = prompt, self._ids
             else:
                 payload = tokenize_payload(parsed)
 
-                def tokenize(p: Any) -> Awaitable[Sequence[int]]:
-                    return self._engine_tokenize(p, candidates)
+                async def tokenize(p: Any) -> Sequence[int]:
+                    return await self._tokens(p, candidates)
 
             return await precise_route_request(
                 payload,

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway import hf_tokenizer
 from gateway.engines.models import EngineEnvMissing, ensure_tiny_model, require_engine_python
 from gateway.engines.process import ProcessTree
 from gateway.engines.tiered import TieredConfig, TieredFleet
@@ -60,6 +61,8 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
     }
     if fleet.cfg.hash_seed is not None:
         precise["hash_seed"] = fleet.cfg.hash_seed
+    if hf_tokenizer.available():  # the engines' tokenizer files: no /tokenize round trips
+        precise["tokenizer_dir"] = str(fleet.cfg.model_dir)
     routing: dict[str, Any] = {"mode": "precise", "precise": precise}
     if args.policy:
         routing["policy"] = args.policy
@@ -110,7 +113,8 @@ def banner(base_url: str, fleet: Fleet, run_dir: Path, config: dict[str, Any]) -
     model = fleet.cfg.served_model_name
     headline = (
         f"warmgate is up: {len(fleet.engines)} vLLM engines ({model}, one core each), "
-        f"precise mode (block size {precise['block_size']}, {precise['vllm_hash_algo']})"
+        f"precise mode (block size {precise['block_size']}, {precise['vllm_hash_algo']}, "
+        f"tokens {'from the model directory' if 'tokenizer_dir' in precise else 'by /tokenize'})"
     )
     details = [f"  engines:   {', '.join(e.url for e in fleet)}"]
     if isinstance(fleet, TieredFleet):

@@ -159,7 +159,13 @@ def build_tokenizer(seed: int, out: Path) -> dict[str, int]:
     )
     fast.chat_template = CHATML
     fast.save_pretrained(str(out))
-    return {s: int(tok.token_to_id(s)) for s in SPECIALS}
+    ids: dict[str, int] = {}
+    for s in SPECIALS:
+        token_id = tok.token_to_id(s)
+        if token_id is None:
+            raise RuntimeError(f"the trained tokenizer lacks its special token {s!r}")
+        ids[s] = token_id
+    return ids
 
 
 def build_model(seed: int, out: Path, ids: dict[str, int]) -> int:
