@@ -16,7 +16,9 @@ How it works, and why it is this shape (memory is bounded and measured, lookups 
   `hash -> batch number` says which batch owns a prediction, so re-predicting a chain
   refreshes it (numbers, not objects: int-only dicts are invisible to the cyclic GC, so a
   full collection never walks a million entries).
-  Batches sit in a deque in insertion order, which (one TTL per index) is also expiry
+  Batches sit in a deque in insertion order, as tuples of atoms (their hashes packed as
+  u64 bytes) that the GC stops tracking, so neither does a full collection walk them
+  (`router.index_predictions`). Insertion order is (one TTL per index) also expiry
   order: expiry pops whole batches from the front. Over capacity, the least recently
   predicted batch loses blocks from its tail first, so what remains stays a prefix (like a
   radix tree evicting leaves). Stale references in old batches are skipped by the owner
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from contracts.tiers import Tier
 from router import accel
-from router.index_predictions import Batch, Predictions, compact_list
+from router.index_predictions import Batch, Predictions, count, pack, unpack
 
 if TYPE_CHECKING:
     from router._accel import BlockMap
@@ -203,14 +205,15 @@ class PrefixIndex:
         self._expire(iid, t)
         unique = dict.fromkeys(hashes)  # chain order, no repeats
         self._batch_seq += 1
-        batch = Batch(self._batch_seq, t + self.ttl_s, unique)
+        seq = self._batch_seq
         owner = preds.owner
         pbit = 1 << _PRED
         for h in unique:  # the caller's int objects become the keys (the batch keeps copies)
-            owner[h] = batch.seq
+            owner[h] = seq
             self._set(iid, h, pbit)
+        batch: Batch = (seq, t + self.ttl_s, pack(unique))
         preds.batches.append(batch)
-        preds.refs += len(batch.hashes)
+        preds.refs += count(batch[2])
         self._evict_over_capacity(iid)
         if preds.refs > 2 * len(owner) + 1024:
             self._compact(iid)
@@ -257,31 +260,34 @@ class PrefixIndex:
         for iid in range(len(self._names)):
             self._expire(iid, t)
 
-    def _drop_prediction(self, iid: int, h: int, batch: Batch) -> None:
+    def _drop_prediction(self, iid: int, h: int, seq: int) -> None:
         owner = self._preds[iid].owner
-        if owner.get(h) == batch.seq:
+        if owner.get(h) == seq:
             del owner[h]
             self._clear(iid, h, 1 << _PRED)
 
     def _expire(self, iid: int, now: float) -> None:
         preds = self._preds[iid]
         batches = preds.batches
-        while batches and batches[0].expiry <= now:
-            batch = batches.popleft()
-            preds.refs -= len(batch.hashes)
-            for h in batch.hashes:
-                self._drop_prediction(iid, h, batch)
+        while batches and batches[0][1] <= now:
+            seq, _, packed = batches.popleft()
+            preds.refs -= count(packed)
+            for h in unpack(packed):
+                self._drop_prediction(iid, h, seq)
 
     def _evict_over_capacity(self, iid: int) -> None:
         preds = self._preds[iid]
         batches = preds.batches
         while len(preds.owner) > self.capacity_blocks and batches:
-            batch = batches[0]
-            while batch.hashes and len(preds.owner) > self.capacity_blocks:
-                h = batch.hashes.pop()
+            seq, expiry, packed = batches[0]
+            hashes = list(unpack(packed))
+            while hashes and len(preds.owner) > self.capacity_blocks:
+                h = hashes.pop()  # from the tail: what remains stays a prefix
                 preds.refs -= 1
-                self._drop_prediction(iid, h, batch)
-            if not batch.hashes:
+                self._drop_prediction(iid, h, seq)
+            if hashes:
+                batches[0] = (seq, expiry, pack(hashes))
+            else:
                 batches.popleft()
 
     def _compact(self, iid: int) -> None:
@@ -289,11 +295,11 @@ class PrefixIndex:
         owner = preds.owner
         kept: deque[Batch] = deque()
         refs = 0
-        for batch in preds.batches:
-            batch.hashes = compact_list(h for h in batch.hashes if owner.get(h) == batch.seq)
-            if batch.hashes:
-                kept.append(batch)
-                refs += len(batch.hashes)
+        for seq, expiry, packed in preds.batches:
+            live = [h for h in unpack(packed) if owner.get(h) == seq]
+            if live:
+                kept.append((seq, expiry, pack(live)))
+                refs += len(live)
         preds.batches = kept
         preds.refs = refs
 
@@ -315,7 +321,7 @@ class PrefixIndex:
             if iid is None:
                 iid = self._id(name)  # an unseen instance still reads the shared array
             batches = preds[iid].batches
-            if batches and batches[0].expiry <= t:
+            if batches and batches[0][1] <= t:
                 self._expire(iid, t)
             ids.append((name, iid))
             alive |= 1 << (iid * _WIDTH)

@@ -1,12 +1,19 @@
 """The prefix index's predictions, per instance: batches of predict-on-route insertions (their
 expiry and hashes in chain order, unboxed) and which batch owns each predicted block.
-`router.index.PrefixIndex` keeps one `Predictions` per instance (see its docstring)."""
+`router.index.PrefixIndex` keeps one `Predictions` per instance (see its docstring).
+
+A batch is a plain tuple `(seq, expiry, packed hashes)` holding only atoms (int, float,
+bytes), so the cyclic garbage collector stops tracking it the first time it looks at it: a
+full collection never walks the batches, however many a TTL keeps alive. (As an object with
+an array it was two tracked objects a routed request: at 450 requests/s and a 600 s TTL,
+270k batches made a full collection of the gateway's heap take 84 ms instead of 1 ms.)
+"""
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Iterable, MutableSequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from router import accel
@@ -14,26 +21,25 @@ from router import accel
 if TYPE_CHECKING:
     from router._accel import BlockMap
 
-
-class Batch:
-    """One predict-on-route insertion: its expiry and its hashes in chain order."""
-
-    __slots__ = ("expiry", "hashes", "seq")
-
-    def __init__(self, seq: int, expiry: float, hashes: Iterable[int]) -> None:
-        self.seq = seq
-        self.expiry = expiry
-        self.hashes = compact_list(hashes)
+# hashes as unboxed u64s (8 bytes each) when they all fit, else a tuple of ints
+Packed = bytes | tuple[int, ...]
+Batch = tuple[int, float, Packed]  # (seq, expiry, hashes in chain order)
 
 
-def compact_list(hashes: Iterable[int]) -> MutableSequence[int]:
-    """Hashes as unboxed u64s when they fit (8 bytes each, invisible to the cyclic GC),
-    else a plain list."""
+def pack(hashes: Iterable[int]) -> Packed:
     values = list(hashes)
     try:
-        return array("Q", values)
+        return array("Q", values).tobytes()
     except OverflowError:
-        return values
+        return tuple(values)
+
+
+def unpack(packed: Packed) -> Sequence[int]:
+    return memoryview(packed).cast("Q") if isinstance(packed, bytes) else packed
+
+
+def count(packed: Packed) -> int:
+    return len(packed) // 8 if isinstance(packed, bytes) else len(packed)
 
 
 class Predictions:

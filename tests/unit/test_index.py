@@ -304,3 +304,22 @@ def test_capacity_bound_holds_and_never_overreports(
     if chains:  # the most recent chain always survives up to the capacity
         last = list(dict.fromkeys(chains[-1]))
         assert idx.match(last, ["a"])["a"].get(Tier.HBM, 0) == min(len(last), capacity)
+
+
+def test_live_predictions_give_a_full_collection_nothing_to_walk() -> None:
+    """Every routed request leaves a batch alive for a TTL: as tuples of atoms the GC stops
+    tracking them, so a full collection costs the same however many are alive (as an object
+    and an array each they were 540k tracked objects at 450 requests/s and 600 s)."""
+    import gc
+    import random
+
+    index = PrefixIndex(ttl_s=1e9)
+    rng = random.Random(3)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(20_000):
+        chain = [rng.getrandbits(64) for _ in range(4)]
+        index.insert(f"i{i % 3}", chain, Tier.HBM, predicted=True, now=float(i))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    assert index.match(chain, ["i1"], now=1.0)["i1"] == {Tier.HBM: 4}  # the last, on i1
