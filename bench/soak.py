@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -304,6 +305,10 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     out = Path(args.json)
@@ -315,6 +320,9 @@ def main(argv: Sequence[str]) -> int:
     if args.trace_memory:
         trace.unlink(missing_ok=True)
         fleet.gateway_launcher = ("-m", "bench.memtrace", str(trace), str(args.trace_memory))
+    # SIGTERM ends the run as Ctrl-C does: the fleet (its own process groups) stops on the way
+    # out instead of serving on after its soak is gone
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         fleet.start()
         result = asyncio.run(soak(args, fleet))
