@@ -30,6 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import RoutingError
+
 THREAD_THRESHOLD_CHARS = 8192  # encode longer texts in a worker thread
 SPECIAL_TOKEN_KEYS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -41,7 +43,7 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "jinja2"))
 
 
-class LocalTokenizeUnsupported(ValueError):
+class LocalTokenizeUnsupported(RoutingError, ValueError):
     """This request's shape is not one the local tokenizer reproduces exactly."""
 
 

@@ -55,7 +55,11 @@ def test_up_serves_the_sdk_and_sighup_leaves_no_process(
             assert up.proc.poll() is None, up.tail()
             assert time.monotonic() < deadline, up.tail()
             time.sleep(0.5)
-        assert "precise mode (block size 128, sha256_cbor)" in up.tail(200)
+        # the gateway reads the model's tokenizer files itself (the tokenizer extra is in dev)
+        assert (
+            "precise mode (block size 128, sha256_cbor, tokens from the model directory)"
+            in up.tail(200)
+        )
         assert "(KV connector, shared array" in up.tail(200)  # a tierd beside the engine
         tree = descendants_of(up.proc.pid)
         assert len(tree) >= 4, tree  # the gateway, an API server, its EngineCore and Worker
