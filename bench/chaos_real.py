@@ -33,8 +33,8 @@ import yaml
 from bench.chaos_faults import faults
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleet, RealFleetSpec
 from bench.sim_fleet import Proc, free_port, wait_http, wait_redis
-from gateway.engines.tiered import TierdProcess
-from gateway.engines.vllm_fleet import VllmEngine
+from gateway.launch.tiered import TierdProcess
+from gateway.launch.vllm_fleet import VllmEngine
 
 REAL_FAULTS = (
     "engine SIGKILL",
@@ -146,7 +146,7 @@ class RealChaosFleet:
             }
             path = self.run_dir / f"gateway-{r}.yaml"
             path.write_text(yaml.safe_dump(config))
-            args = [sys.executable, "-m", "gateway.serve", "--config", str(path)]
+            args = [sys.executable, "-m", "gateway.launch.serve", "--config", str(path)]
             self.gateways.append(Proc(f"gateway-{r}", args, self.run_dir / f"gateway-{r}.log"))
             self.gateway_urls.append(f"http://127.0.0.1:{port}")
         for proc, url in zip(self.gateways, self.gateway_urls, strict=True):

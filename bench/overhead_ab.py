@@ -1,5 +1,5 @@
 """`warmgate bench overhead`: what the gateway costs per request, the same gateway over
-each upstream transport (gateway/transport.py: `h1pool`, `aiohttp`, `httpx`) in one run.
+each upstream transport (gateway/upstream/transport.py: `h1pool`, `aiohttp`, `httpx`) in one run.
 
 One `zero`-profile simulated engine (no compute: what is left is HTTP, parsing and
 routing) and one warmgate (`ttft`) per transport in front of it, all started at once. Each

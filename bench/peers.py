@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from gateway.engines.process import ProcessTree, wait_http
+from gateway.launch.process import ProcessTree, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
@@ -122,7 +122,7 @@ def dynamo_missing(python: Path) -> str:
 
 
 class Proc:
-    """A child process (`gateway.engines.process.ProcessTree`: a session of its own, its
+    """A child process (`gateway.launch.process.ProcessTree`: a session of its own, its
     whole tree stopped), its output in a log file."""
 
     def __init__(self, name: str, args: Sequence[str], log: Path, env: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """Real vLLM engines for side-by-side runs: a fresh fleet per gateway, warmed up, stopped whole.
 
-`RealFleet` wraps `gateway.engines.vllm_fleet.VllmFleet` (the one engine launcher: the tiny
+`RealFleet` wraps `gateway.launch.vllm_fleet.VllmFleet` (the one engine launcher: the tiny
 local model, one core per engine, prefix caching with `sha256_cbor`, prompt-token details,
 KV events on ipc://) for `bench.peers`: `engines` (instance id -> base URL), `model`, and
 the warmgate configuration that matches the engines, read from them where they say it (the
@@ -26,10 +26,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.peers import WARMGATE_POLICIES, gateway_in_front
-from gateway import hf_tokenizer
-from gateway.engines.models import ensure_tiny_model
-from gateway.engines.tiered import TieredConfig, TieredFleet
-from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
+from gateway.launch.models import ensure_tiny_model
+from gateway.launch.tiered import TieredConfig, TieredFleet
+from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
+from gateway.pipeline import hf_tokenizer
 
 # vLLM extra fields every replayed request carries: a random-weight model may stop at once or
 # emit only special tokens (empty deltas); with these every reply is `max_tokens` of text.
@@ -49,7 +49,7 @@ class RealFleetSpec:
     # array, `tierd_url` in warmgate's config: prefetch hints and measured tier bandwidths);
     # peers always get plain engines. `bench compare --tiers`.
     tiers: bool = False
-    # the connector's modes (gateway.engines.tiered.TieredConfig): sync loads before the
+    # the connector's modes (gateway.launch.tiered.TieredConfig): sync loads before the
     # forward pass or async ones beside it; lookups on vLLM's scheduler loop or off it
     tier_load: str = "sync"
     tier_lookup: str = "sync"
@@ -70,7 +70,7 @@ class RealFleet:
     def __init__(
         self, spec: RealFleetSpec, run_dir: Path, *, tiered: bool = False, **tiered_args: Any
     ) -> None:
-        """`tiered_args`: `gateway.engines.tiered.TieredConfig` fields (`redis_url`, ...)."""
+        """`tiered_args`: `gateway.launch.tiered.TieredConfig` fields (`redis_url`, ...)."""
         self.spec = spec
         self.cfg = FleetConfig(
             model_dir=ensure_tiny_model(), engines=spec.instances, run_dir=run_dir,

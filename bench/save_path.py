@@ -33,9 +33,9 @@ import httpx
 
 from bench.report import pct
 from bench.tierd_vllm import BLOCK, lookup_rtt, tokens, ttft
-from gateway.engines.models import ensure_tiny_model
-from gateway.engines.tiered import TieredConfig, TieredFleet, TieredInstance
-from gateway.engines.vllm_fleet import FleetConfig
+from gateway.launch.models import ensure_tiny_model
+from gateway.launch.tiered import TieredConfig, TieredFleet, TieredInstance
+from gateway.launch.vllm_fleet import FleetConfig
 
 MODES = ("sync", "async")
 

@@ -126,7 +126,7 @@ class SimFleet:
     gateways: list[Proc] = field(default_factory=list)
     gateway_urls: list[str] = field(default_factory=list)
     array_dir: Path | None = None
-    # how `gateway.serve` is run: `python -m` it, or through a wrapper such as bench.memtrace
+    # how `gateway.launch.serve` is run: `python -m` it, or through a wrapper such as bench.memtrace
     gateway_launcher: tuple[str, ...] = ("-m",)
     model: str = MODEL  # what the load asks for, with `body_extra`
     body_extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
@@ -212,7 +212,13 @@ class SimFleet:
         path = self.run_dir / f"gateway-{replica}.yaml"
         path.write_text(yaml.safe_dump(self.gateway_config(port, replica)))
         self.gateway_urls.append(f"http://127.0.0.1:{port}")
-        args = [sys.executable, *self.gateway_launcher, "gateway.serve", "--config", str(path)]
+        args = [
+            sys.executable,
+            *self.gateway_launcher,
+            "gateway.launch.serve",
+            "--config",
+            str(path),
+        ]
         return Proc(f"gateway-{replica}", args, self.run_dir / f"gateway-{replica}.log")
 
     def restart(self, proc: Proc, ready_url: str) -> None:

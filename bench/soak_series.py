@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import Result, percentile
 
-GATEWAY_TTFT = "warmgate_ttft_seconds"  # gateway.metrics: arrival to first content chunk
+GATEWAY_TTFT = "warmgate_ttft_seconds"  # gateway.observe.metrics: arrival to first content chunk
 ENGINE_TTFT = "vllm:time_to_first_token_seconds"  # the engines' own, arrival at the engine
-GATEWAY_GC = "warmgate_gc_pause_seconds"  # gateway.gc_pauses
+GATEWAY_GC = "warmgate_gc_pause_seconds"  # gateway.observe.gc_pauses
 
 
 def histogram_totals(text: str, name: str) -> tuple[float, float]:

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.engines.tiered import TieredFleet
+from gateway.launch.tiered import TieredFleet
 
 SUMMED = (
     "loaded_blocks", "load_failed_blocks", "load_us", "saved_blocks", "save_us",

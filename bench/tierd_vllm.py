@@ -3,7 +3,7 @@
     python -m bench.tierd_vllm --json bench/results/tierd-vllm.json --md bench/results/tierd-vllm.md
 
 Two engines (one core each, the tiny local model, block size 128) each with a tierd and one
-shared array (`gateway.engines.tiered`), then the same two engines without the connector.
+shared array (`gateway.launch.tiered`), then the same two engines without the connector.
 TTFT is the time to the first streamed chunk that carries text (`skip_special_tokens` off,
 `ignore_eos` on, so every reply is text); recompute baselines run in the same sitting.
 
@@ -45,9 +45,9 @@ import httpx
 
 from bench.report import pct
 from bench.tierd_vllm_report import markdown
-from gateway.engines.models import ensure_tiny_model
-from gateway.engines.tiered import TierdProcess, TieredConfig, TieredFleet
-from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
+from gateway.launch.models import ensure_tiny_model
+from gateway.launch.tiered import TierdProcess, TieredConfig, TieredFleet
+from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
 from tierd.kvwire import KvClient
 
 MODEL = "warmgate-tiny"

@@ -3,9 +3,10 @@ upstream client, health checker, router, metrics, prefetch hints, background tas
 the lifespan, kept on one typed `AppState` (`app.state.warmgate`), and torn down there.
 
 The optional parts attach in the lifespan, named here: shared state and session bindings
-(`gateway.shared_state`), the KV event consumer (`gateway.kv_events`), runtime fleet
-changes (`gateway.fleet`), rate limits (`gateway.limits`) and the operator page's live data
-(`gateway.ui.live`); each registers its tasks, closers and readiness checks on `state`.
+(`gateway.pipeline.shared_state`), the KV event consumer (`gateway.fleet.kv_events`), runtime
+fleet changes (`gateway.fleet.runtime`), rate limits (`gateway.http.limits`), the operator page's
+live data (`gateway.admin.ui.live`); each registers its tasks, closers and readiness checks on
+`state`.
 """
 
 from __future__ import annotations
@@ -19,38 +20,38 @@ import httpx
 from fastapi import Depends, FastAPI
 
 from contracts.errors import ConfigurationError
-from gateway.admin import build_admin_router
-from gateway.asgi_app import GatewayApp
-from gateway.engine_check import check_engines
-from gateway.engine_load import attach_engine_load
+from gateway.admin.api import build_admin_router
+from gateway.admin.fleet_api import build_fleet_router
+from gateway.admin.ui.live import attach_ui
+from gateway.admin.ui.routes import build_ui_admin_router, build_ui_router
+from gateway.config.settings import Settings, load_settings
 from gateway.errors import install_error_handlers
-from gateway.fleet import attach_fleet
-from gateway.fleet_api import build_fleet_router
-from gateway.h1pool import H1Pool
-from gateway.health import HealthChecker
-from gateway.kv_capacity import run_discovery
-from gateway.kv_events import attach_kv_events
-from gateway.kv_resync import attach_health_resync
-from gateway.limits import attach_limits
-from gateway.metrics import GatewayMetrics
-from gateway.middleware import RequestIdMiddleware
-from gateway.monitoring import build_monitoring_router
-from gateway.openai_api import add_completion_routes, build_openai_router
-from gateway.pipeline import RequestPipeline
-from gateway.prefetch import PrefetchHints
-from gateway.roles import require_admin, require_client
-from gateway.routing import build_router
-from gateway.schema import install_openapi
-from gateway.settings import Settings, load_settings
-from gateway.shared_state import attach_shared_state
+from gateway.fleet.engine_check import check_engines
+from gateway.fleet.engine_load import attach_engine_load
+from gateway.fleet.health import HealthChecker
+from gateway.fleet.kv_capacity import run_discovery
+from gateway.fleet.kv_events import attach_kv_events
+from gateway.fleet.kv_resync import attach_health_resync
+from gateway.fleet.runtime import attach_fleet
+from gateway.fleet.tier_stats import run_poller
+from gateway.http.asgi_app import GatewayApp
+from gateway.http.limits import attach_limits
+from gateway.http.middleware import RequestIdMiddleware
+from gateway.http.monitoring import build_monitoring_router
+from gateway.http.openai_api import add_completion_routes, build_openai_router
+from gateway.http.roles import require_admin, require_client
+from gateway.http.schema import install_openapi
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.stats import GatewayStats
+from gateway.pipeline.decide import RequestPipeline
+from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.router_build import build_router
+from gateway.pipeline.shared_state import attach_shared_state
+from gateway.pipeline.tokens import PreciseChains
 from gateway.state import AppState
-from gateway.stats import GatewayStats
-from gateway.tier_stats import run_poller
-from gateway.tokens import PreciseChains
-from gateway.transport import Timeouts, UpstreamTransport
-from gateway.transport_httpx import HttpxTransport
-from gateway.ui.live import attach_ui
-from gateway.ui.routes import build_ui_admin_router, build_ui_router
+from gateway.upstream.h1pool import H1Pool
+from gateway.upstream.transport import Timeouts, UpstreamTransport
+from gateway.upstream.transport_httpx import HttpxTransport
 
 log = logging.getLogger("warmgate.app")
 
@@ -64,7 +65,7 @@ def build_upstream(settings: Settings) -> UpstreamTransport:
     match settings.upstream.transport:
         case "aiohttp":
             try:  # the `transports` extra
-                from gateway.transport_aiohttp import AiohttpTransport
+                from gateway.upstream.transport_aiohttp import AiohttpTransport
             except ImportError as exc:
                 raise ConfigurationError(
                     f"upstream.transport: aiohttp needs aiohttp ({exc}): "

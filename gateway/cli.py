@@ -9,9 +9,12 @@ from collections.abc import Sequence
 
 # (command, subcommand or None) -> "module:function"; function(argv: list[str]) -> int
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
-    ("up", None): ("gateway.up:main", "start engines (simulated, or --engine vllm) + the gateway"),
-    ("serve", None): ("gateway.serve:main", "serve the gateway for configured instances"),
-    ("admin", None): ("gateway.admin_cli:main", "the admin API: instances, stats, drain, ..."),
+    ("up", None): (
+        "gateway.launch.up:main",
+        "start engines (simulated, or --engine vllm) + the gateway",
+    ),
+    ("serve", None): ("gateway.launch.serve:main", "serve the gateway for configured instances"),
+    ("admin", None): ("gateway.admin.cli:main", "the admin API: instances, stats, drain, ..."),
     ("bench", "cluster"): ("bench.cluster_cli:main", "discrete-event cluster simulation"),
     ("bench", "router"): ("bench.router_bench:main", "routing decision speed and index memory"),
     ("bench", "soak"): ("bench.soak:main", "long run at a share of capacity: leaks, TTFT drift"),

@@ -19,25 +19,25 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.requests import Request
 
-from gateway.health import HealthChecker
-from gateway.metrics import GatewayMetrics
-from gateway.prefetch import PrefetchHints
-from gateway.settings import Settings
-from gateway.stats import GatewayStats
-from gateway.tokens import PreciseChains
-from gateway.transport import UpstreamTransport
+from gateway.config.settings import Settings
+from gateway.fleet.health import HealthChecker
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.stats import GatewayStats
+from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.tokens import PreciseChains
+from gateway.upstream.transport import UpstreamTransport
 from router.router import Router
 
 if TYPE_CHECKING:
-    from gateway.engine_load import EngineLoads
-    from gateway.fleet import Fleet
-    from gateway.inflight import Inflight
-    from gateway.kv_events import KvEventConsumer
-    from gateway.limits import Limiter
-    from gateway.pipeline import RequestPipeline
-    from gateway.roles import Access
-    from gateway.session_bindings import SessionBindings
-    from gateway.ui.live import UiRuntime
+    from gateway.admin.ui.live import UiRuntime
+    from gateway.fleet.engine_load import EngineLoads
+    from gateway.fleet.kv_events import KvEventConsumer
+    from gateway.fleet.runtime import Fleet
+    from gateway.http.limits import Limiter
+    from gateway.http.roles import Access
+    from gateway.pipeline.decide import RequestPipeline
+    from gateway.pipeline.session_bindings import SessionBindings
+    from gateway.upstream.inflight import Inflight
 
 log = logging.getLogger("warmgate.app")
 
@@ -50,7 +50,7 @@ class AppState:
 
     settings: Settings
     client: httpx.AsyncClient  # pooled client for upstream calls besides proxying
-    upstream: UpstreamTransport  # the proxy's engine connections (gateway/transport.py)
+    upstream: UpstreamTransport  # the proxy's engine connections (gateway/upstream/transport.py)
     metrics: GatewayMetrics
     stats: GatewayStats
     health: HealthChecker
@@ -61,16 +61,18 @@ class AppState:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
-    pipeline: RequestPipeline | None = None  # gateway.pipeline: built once the parts are
-    bindings: SessionBindings | None = None  # gateway.shared_state: cross-replica sessions
-    kv_events: KvEventConsumer | None = None  # gateway.kv_events: engines' residency events
-    tierd_events: KvEventConsumer | None = None  # gateway.tierd_events: tierds' events
-    fleet: Fleet | None = None  # gateway.fleet: runtime fleet changes
-    limits: Limiter | None = None  # gateway.limits: rate limits
-    ui: UiRuntime | None = None  # gateway.ui.live: the operator page's history
-    access: Access | None = None  # gateway.roles: who may call what, built on first use
-    inflight: Inflight | None = None  # gateway.inflight: attempts in flight, built on first use
-    engine_load: EngineLoads | None = None  # gateway.engine_load: engines' own load, veto
+    pipeline: RequestPipeline | None = None  # gateway.pipeline.decide: built once the parts are
+    bindings: SessionBindings | None = None  # gateway.pipeline.shared_state: cross-replica sessions
+    kv_events: KvEventConsumer | None = None  # gateway.fleet.kv_events: engines' residency events
+    tierd_events: KvEventConsumer | None = None  # gateway.fleet.tierd_events: tierds' events
+    fleet: Fleet | None = None  # gateway.fleet.runtime: runtime fleet changes
+    limits: Limiter | None = None  # gateway.http.limits: rate limits
+    ui: UiRuntime | None = None  # gateway.admin.ui.live: the operator page's history
+    access: Access | None = None  # gateway.http.roles: who may call what, built on first use
+    inflight: Inflight | None = (
+        None  # gateway.upstream.inflight: attempts in flight, built on first use
+    )
+    engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:

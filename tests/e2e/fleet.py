@@ -1,5 +1,5 @@
 """A real stack on loopback for gateway tests: N simulated engines (`python -m sim.engine`)
-and the gateway (`python -m gateway.serve` on a YAML config), each its own process."""
+and the gateway (`python -m gateway.launch.serve` on a YAML config), each its own process."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class Fleet:
         path = self.tmp / "gateway.yaml"
         path.write_text(yaml.safe_dump(config))
         self.gateway = ManagedProcess(
-            python_module("gateway.serve", "--config", str(path)), self.tmp / "gateway.log"
+            python_module("gateway.launch.serve", "--config", str(path)), self.tmp / "gateway.log"
         )
         self.gateway.wait_http(f"{self.base}/livez", timeout_s=60)
 

@@ -52,7 +52,7 @@ class Stack:
         path = self.tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump({"host": "127.0.0.1", "port": port, **settings}))
         proc = ManagedProcess(
-            python_module("gateway.serve", "--config", str(path)), self.tmp / f"{name}.log"
+            python_module("gateway.launch.serve", "--config", str(path)), self.tmp / f"{name}.log"
         )
         self.procs[name] = proc
         url = f"http://127.0.0.1:{port}"

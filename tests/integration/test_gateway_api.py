@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.kv_capacity import parse_kv_capacity
+from gateway.fleet.kv_capacity import parse_kv_capacity
 from tests.e2e.fleet import MODEL, Fleet, wait_until
 
 LIMIT = 64 * 1024

@@ -86,7 +86,7 @@ def test_a_player_limit_holds_across_replicas_through_redis(tmp_path: Path, redi
         path = tmp_path / "gateway-b.yaml"
         path.write_text(yaml.safe_dump(config))
         second = ManagedProcess(
-            python_module("gateway.serve", "--config", str(path)), tmp_path / "gateway-b.log"
+            python_module("gateway.launch.serve", "--config", str(path)), tmp_path / "gateway-b.log"
         )
         other = f"http://127.0.0.1:{port}"
         second.wait_http(f"{other}/readyz", timeout_s=60)

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.kv_events import KvEventMetrics
-from gateway.metrics import GatewayMetrics
-from gateway.shared_state import StateMetrics
+from gateway.fleet.kv_events import KvEventMetrics
+from gateway.observe.metrics import GatewayMetrics
+from gateway.pipeline.shared_state import StateMetrics
 from tests.e2e.fleet import MODEL, Fleet
 from tests.support.procs import free_port
 

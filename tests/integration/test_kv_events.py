@@ -16,7 +16,7 @@ import pytest
 
 from contracts.kv_events import EventEncoding
 from contracts.tiers import Tier
-from gateway.kv_events import KvEventConsumer
+from gateway.fleet.kv_events import KvEventConsumer
 from router.index import ARRAY, PrefixIndex
 from sim.kv_publisher import KvEventPublisher
 from tests.support.procs import ManagedProcess, free_port, python_module

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.routing import build_router
-from gateway.session_bindings import SessionBindings
-from gateway.settings import RoutingSettings, StateSettings
-from gateway.shared_state import StateMetrics
+from gateway.config.settings import RoutingSettings, StateSettings
+from gateway.pipeline.router_build import build_router
+from gateway.pipeline.session_bindings import SessionBindings
+from gateway.pipeline.shared_state import StateMetrics
 from router.state.redis import RedisState
 from router.state.sync import StateSync, SyncConfig
 from router.types import Decision, RouteRequest
@@ -243,7 +243,7 @@ def runtime(redis_url: str, pool: str, replica: str) -> SessionBindings:
 
 
 async def route(rt: SessionBindings, rr: RouteRequest, candidates: list[str]) -> Decision:
-    """What gateway.pipeline does around routing, then wait for the background write."""
+    """What gateway.pipeline.decide does around routing, then wait for the background write."""
     bound = await rt.lookup(rr)
     decision, _ = rt.bind(rr, rt.router.route(rr, candidates), candidates, bound)
     await asyncio.gather(*rt._pending)

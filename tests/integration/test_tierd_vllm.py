@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.engines.models import ensure_tiny_model
-from gateway.engines.tiered import TieredConfig, TieredFleet
-from gateway.engines.vllm_fleet import FleetConfig
+from gateway.launch.models import ensure_tiny_model
+from gateway.launch.tiered import TieredConfig, TieredFleet
+from gateway.launch.vllm_fleet import FleetConfig
 from tests.support.engines import engine_python_or_skip
 from tests.support.procs import free_port
 from tests.support.vllm import Gateway, gateway_config

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from gateway.engines.models import ensure_tiny_model
+from gateway.launch.models import ensure_tiny_model
 from tests.support.engines import engine_python_or_skip
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.engines.vllm_fleet import VllmFleet
+from gateway.launch.vllm_fleet import VllmFleet
 from tests.integration.test_vllm_precise import SERVED_MODEL, chat, client, prose
 from tests.support.vllm import VllmFleets, gateway_for
 

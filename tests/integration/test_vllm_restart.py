@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.engines.vllm_fleet import VllmFleet
+from gateway.launch.vllm_fleet import VllmFleet
 from tests.integration.test_vllm_precise import SERVED_MODEL, chat, client, prose
 from tests.support.vllm import Gateway, VllmFleets, gateway_for
 

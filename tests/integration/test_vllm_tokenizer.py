@@ -1,5 +1,5 @@
 """The gateway's local tokenizer against a real vLLM engine: for chat and completion shapes,
-`gateway.hf_tokenizer` reading the engine's own model directory gives exactly the token ids
+`gateway.pipeline.hf_tokenizer` reading the engine's own model directory gives exactly the token ids
 the engine's /tokenize gives, and a gateway using it predicts every turn's cached tokens
 exactly, with no /tokenize round trip."""
 
@@ -13,8 +13,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from gateway.engines.vllm_fleet import VllmFleet
-from gateway.hf_tokenizer import HfChatTokenizer
+from gateway.launch.vllm_fleet import VllmFleet
+from gateway.pipeline.hf_tokenizer import HfChatTokenizer
 from sim.players.text import TextSource
 from tests.support.vllm import SERVED_MODEL, VllmFleets, gateway_for
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.engines.vllm_fleet import VllmFleet
+from gateway.launch.vllm_fleet import VllmFleet
 from tests.support.procs import free_port
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_config, gateway_for
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.engines.vllm_fleet import VllmFleet
+from gateway.launch.vllm_fleet import VllmFleet
 from sim.players.text import TextSource
 from tests.support.procs import free_port
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_config

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from gateway.engines.process import descendants_of
+from gateway.launch.process import descendants_of
 from tests.support.procs import ManagedProcess, free_port
 from tests.support.vllm import SERVED_MODEL, VllmFleets
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.engines.models import INSTALL_HINT, EngineEnvMissing, require_engine_python
+from gateway.launch.models import INSTALL_HINT, EngineEnvMissing, require_engine_python
 
 
 def in_ci() -> bool:

@@ -1,5 +1,5 @@
 """Start real processes on loopback and wait until they answer; stop them for sure. The
-processes are `gateway.engines.process.ProcessTree`s, the supervisor `warmgate up` and the
+processes are `gateway.launch.process.ProcessTree`s, the supervisor `warmgate up` and the
 benchmarks use too."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.engines.process import ProcessTree, wait_http
+from gateway.launch.process import ProcessTree, wait_http
 
 
 def free_port() -> int:

@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.engines.models import ensure_tiny_model
-from gateway.engines.vllm_fleet import FleetConfig, VllmFleet
+from gateway.launch.models import ensure_tiny_model
+from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
 from tests.support.engines import engine_python_or_skip
 from tests.support.procs import ManagedProcess, free_port
 from tests.support.vllm_fleets import FleetSlot
@@ -122,7 +122,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 class Gateway:
-    """`python -m gateway.serve` as a process, in front of a real fleet."""
+    """`python -m gateway.launch.serve` as a process, in front of a real fleet."""
 
     def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
         self.port = int(config["port"])
@@ -131,7 +131,7 @@ class Gateway:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = tmp / f"gateway-{self.port}.log"
         self.proc = ManagedProcess(
-            [sys.executable, "-m", "gateway.serve", "--config", str(path)], self.log_path
+            [sys.executable, "-m", "gateway.launch.serve", "--config", str(path)], self.log_path
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> Gateway:

@@ -23,9 +23,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gateway.engines.tiered import connector_config
-from gateway.engines.vllm_fleet import FleetConfig, VllmEngine
-from gateway.settings import Settings
+from gateway.config.settings import Settings
+from gateway.launch.tiered import connector_config
+from gateway.launch.vllm_fleet import FleetConfig, VllmEngine
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose"
@@ -204,7 +204,7 @@ def test_compose_services_agree_with_the_gateway_config() -> None:
 
 
 def _launcher_flags() -> tuple[list[str], dict[str, Any]]:
-    """The flags warmgate's own vLLM launcher passes (gateway/engines/vllm_fleet.py), less
+    """The flags warmgate's own vLLM launcher passes (gateway/launch/vllm_fleet.py), less
     the per-machine ones (model path, name, address, CPU-only dtype and compile level)."""
     cfg = FleetConfig(model_dir=Path("/models/model"), python=Path("python"), kv_events_topic="x")
     argv = VllmEngine(cfg, 0, 8100, 0, Path("/run")).argv()[3:]

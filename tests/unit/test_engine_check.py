@@ -1,12 +1,12 @@
-"""gateway.engine_check.reconcile: precise settings against what engines report (pure)."""
+"""gateway.fleet.engine_check.reconcile: precise settings against what engines report (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.engine_check import EngineConfigMismatch, reconcile
-from gateway.engines.vllm_metrics import EngineCacheConfig, cache_config
-from gateway.settings import PreciseSettings
+from gateway.config.settings import PreciseSettings
+from gateway.engine.vllm_metrics import EngineCacheConfig, cache_config
+from gateway.fleet.engine_check import EngineConfigMismatch, reconcile
 
 PAGE = (
     'vllm:cache_config_info{block_size="128",engine="0",enable_prefix_caching="True",'

@@ -1,9 +1,9 @@
-"""gateway.engine_load: the engines' own load, the overload veto and their accounting."""
+"""gateway.fleet.engine_load: the engines' own load, the overload veto and their accounting."""
 
 from __future__ import annotations
 
-from gateway.engine_load import EngineLoads, Veto
-from gateway.engines.vllm_metrics import EngineLoad
+from gateway.engine.vllm_metrics import EngineLoad
+from gateway.fleet.engine_load import EngineLoads, Veto
 
 PAGE = """
 vllm:num_requests_running{engine="0",model_name="m"} 1.0

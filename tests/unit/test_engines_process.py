@@ -1,4 +1,4 @@
-"""gateway.engines.process: a supervised tree stops whole, with real processes (no engine)."""
+"""gateway.launch.process: a supervised tree stops whole, with real processes (no engine)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from gateway.engines.process import ProcessTree, descendants_of
+from gateway.launch.process import ProcessTree, descendants_of
 
 # A leader that forks a child that forks a grandchild (like API server -> EngineCore ->
 # Worker); the grandchild may move to a session of its own; every level ignores nothing.
@@ -91,7 +91,7 @@ def test_a_child_dies_with_its_supervisor(tmp_path: Path) -> None:
         f"""
         import sys, time
         from pathlib import Path
-        from gateway.engines.process import ProcessTree
+        from gateway.launch.process import ProcessTree
         t = ProcessTree.start("c", [sys.executable, "-c", "import time; time.sleep(600)"],
                               Path({str(tmp_path / "c.log")!r}))
         Path({str(pid_file)!r}).write_text(str(t.pid))

@@ -17,10 +17,13 @@ import sim
 import tierd
 from contracts.errors import InputError, UpstreamError, WarmgateError
 from contracts.kv_events import MalformedEventError
-from gateway.upstream import AttemptFailed, AttemptRead, EngineServerError
+from gateway.upstream.relay import AttemptFailed, AttemptRead, EngineServerError
 from tierd.client import TierdError
 
-PRIVATE = {"gateway.listener._HeadersTooLarge", "gateway.up.Interrupted"}  # control flow
+PRIVATE = {
+    "gateway.http.listener._HeadersTooLarge",
+    "gateway.launch.up.Interrupted",
+}  # control flow
 
 
 def _modules() -> list[str]:

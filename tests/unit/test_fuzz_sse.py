@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseRelay
+from gateway.upstream.sse import SseRelay
 
 text = st.text(st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12)
 chunk = st.fixed_dictionaries(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.aggregate import StreamAggregator
+from gateway.upstream.aggregate import StreamAggregator
 
 
 def chat_chunk(delta: dict, index: int = 0, finish: str | None = None, **extra: object) -> dict:

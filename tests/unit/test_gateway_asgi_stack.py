@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.asgi_app import GatewayApp
-from gateway.middleware import RequestIdMiddleware
+from gateway.http.asgi_app import GatewayApp
+from gateway.http.middleware import RequestIdMiddleware
 
 
 class Tally:

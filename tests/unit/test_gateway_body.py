@@ -11,7 +11,7 @@ import pytest
 
 from gateway.errors import OpenAIError
 from gateway.json_codec import decode, decode_exact, encode
-from gateway.parse import ParsedRequest, decode_json_object, parse_chat, upstream_body
+from gateway.pipeline.parse import ParsedRequest, decode_json_object, parse_chat, upstream_body
 
 ODD = (
     b'{ "stream" : true,  "model":"m", "stream_options": {"include_usage": true},\n'
@@ -57,7 +57,7 @@ def test_nan_is_re_encoded_as_the_stdlib_read_it() -> None:
 
 
 def test_a_lone_surrogate_is_a_400_naming_its_field() -> None:
-    # no encoder, hash or log line downstream can carry one (gateway/json_guard.py)
+    # no encoder, hash or log line downstream can carry one (gateway/pipeline/json_guard.py)
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
     with pytest.raises(OpenAIError) as err:
         parsed(raw)

@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.asgi_app import GatewayApp
 from gateway.errors import OpenAIError, install_error_handlers
+from gateway.http.asgi_app import GatewayApp
 
 
 def _app() -> GatewayApp:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.kv_capacity import parse_kv_capacity
+from gateway.fleet.kv_capacity import parse_kv_capacity
 
 VLLM_PAGE = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge

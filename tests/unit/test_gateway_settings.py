@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 
 YAML = """
 port: 9000
@@ -75,7 +75,7 @@ def test_invalid_settings_are_refused(config: Path) -> None:
 
 def test_kv_events_topic_defaults_to_vllms() -> None:
     """vLLM publishes on topic "" (KVEventsConfig.topic) unless told otherwise."""
-    from gateway.settings import KvEventsSettings
+    from gateway.config.settings import KvEventsSettings
 
     assert KvEventsSettings().topic == ""
 
@@ -83,7 +83,7 @@ def test_kv_events_topic_defaults_to_vllms() -> None:
 def test_the_hash_seed_rule_says_what_vllm_does() -> None:
     """sha256_cbor without PYTHONHASHSEED is seeded with "vllm-none-hash" (no seed needed);
     only xxhash_cbor is random per process without one."""
-    from gateway.settings import RoutingSettings
+    from gateway.config.settings import RoutingSettings
 
     r = RoutingSettings.model_validate({"mode": "precise"})
     assert r.precise.effective_hash_seed == "vllm-none-hash"
@@ -95,7 +95,7 @@ def test_the_hash_seed_rule_says_what_vllm_does() -> None:
 
 def test_ttft_cost_params_can_be_set_in_yaml(tmp_path: Path) -> None:
     """routing.params.params is a mapping of CostParams fields in YAML (it crashed startup)."""
-    from gateway.routing import build_router
+    from gateway.pipeline.router_build import build_router
 
     path = tmp_path / "gw.yaml"
     path.write_text(

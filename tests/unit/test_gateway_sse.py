@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.sse import SseRelay, cached_tokens
+from gateway.upstream.sse import SseRelay, cached_tokens
 
 CHUNKS = [
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None},

@@ -1,4 +1,4 @@
-"""The gateway's local tokenizer (gateway.hf_tokenizer) on a tokenizer directory built here:
+"""The gateway's local tokenizer (gateway.pipeline.hf_tokenizer) on a tokenizer directory made here:
 the chat template rendered as transformers renders it, the text encoded as vLLM encodes it,
 and every request shape it cannot reproduce refused (so the gateway asks an engine).
 Its agreement with a real vLLM engine's /tokenize is tests/integration/test_vllm_tokenizer.py."""
@@ -11,8 +11,12 @@ import pytest
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from gateway.hf_tokenizer import THREAD_THRESHOLD_CHARS, HfChatTokenizer, LocalTokenizeUnsupported
-from gateway.settings import PreciseSettings
+from gateway.config.settings import PreciseSettings
+from gateway.pipeline.hf_tokenizer import (
+    THREAD_THRESHOLD_CHARS,
+    HfChatTokenizer,
+    LocalTokenizeUnsupported,
+)
 from tests.support.hf_tokenizer_dir import build
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.app import build_pipeline, build_state
-from gateway.parse import parse_chat, route_request
-from gateway.settings import Settings
-from gateway.tokens import PreciseChains
+from gateway.config.settings import Settings
+from gateway.pipeline.parse import parse_chat, route_request
+from gateway.pipeline.tokens import PreciseChains
 from router.precise import VllmBlockHasher
 from router.types import RouteRequest
 from tierd.connector.plan import block_key

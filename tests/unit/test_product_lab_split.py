@@ -22,7 +22,8 @@ class Block(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Block())
-import gateway.app, gateway.up, gateway.serve, tierd.serve, tierd.native, sim.engine.app
+import gateway.app, gateway.launch.up, gateway.launch.serve
+import tierd.serve, tierd.native, sim.engine.app
 from gateway.cli import main
 raise SystemExit(main(["bench", "cluster", "--help"]))
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from contracts.kv_events import BlockStored, EventBatch, encode_batch, encode_frames
 from contracts.tiers import Medium, Tier
-from gateway.kv_events import KvEventConsumer
+from gateway.fleet.kv_events import KvEventConsumer
 from router.index import ARRAY, PrefixIndex
 from router.state.residency import Residency
 

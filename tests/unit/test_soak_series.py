@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench.loadgen import Result, Rows
 from bench.soak_series import histogram_totals, series
-from gateway.gc_pauses import GcPauses
+from gateway.observe.gc_pauses import GcPauses
 
 
 def test_histogram_totals_sum_every_label_set() -> None:

@@ -1,6 +1,6 @@
 """Two publishers for one instance (an engine and its tierd): each owns its tiers, so the
 router prices what the engine will load from tierd, and one publisher's gap, restart or
-AllBlocksCleared never erases what the other said (`gateway.tierd_events`)."""
+AllBlocksCleared never erases what the other said (`gateway.fleet.tierd_events`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from contracts.kv_events import (
     encode_frames,
 )
 from contracts.tiers import Medium, Tier
-from gateway.kv_events import KvEventConsumer
-from gateway.settings import InstanceSettings, Settings
-from gateway.tierd_events import (
+from gateway.config.settings import InstanceSettings, Settings
+from gateway.fleet.kv_events import KvEventConsumer
+from gateway.fleet.tierd_events import (
     ENGINE_TIERS,
     TIERD_TIERS,
     engine_tiers,

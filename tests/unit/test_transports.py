@@ -1,4 +1,4 @@
-"""The upstream transports (gateway/transport.py: the hand-written `h1pool`, `aiohttp`,
+"""The upstream transports (gateway/upstream/transport.py: the hand-written `h1pool`, `aiohttp`,
 `httpx`) held to one contract against real loopback servers: streaming as the bytes
 arrive, keep-alive reuse, chunked and length-framed bodies, a connection not reused after a
 response left unread or cancelled mid-stream (and its slot free again), the connection
@@ -15,9 +15,9 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from gateway.app import build_upstream
-from gateway.h1pool import H1Pool
-from gateway.settings import Settings
-from gateway.transport import (
+from gateway.config.settings import Settings
+from gateway.upstream.h1pool import H1Pool
+from gateway.upstream.transport import (
     Target,
     Timeouts,
     UpstreamConnectError,
@@ -26,8 +26,8 @@ from gateway.transport import (
     UpstreamTransport,
     target_of,
 )
-from gateway.transport_aiohttp import AiohttpTransport
-from gateway.transport_httpx import HttpxTransport
+from gateway.upstream.transport_aiohttp import AiohttpTransport
+from gateway.upstream.transport_httpx import HttpxTransport
 from tests.support.procs import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -213,7 +213,7 @@ async def test_a_stream_cancelled_mid_way_frees_its_connection(serve: Serve, mak
             async for _ in r.aiter_bytes():
                 reading.set()
         finally:
-            with anyio.CancelScope(shield=True):  # as gateway/upstream.py closes it
+            with anyio.CancelScope(shield=True):  # as gateway/upstream/relay.py closes it
                 await r.aclose()
 
     task = asyncio.create_task(relay())
@@ -395,7 +395,7 @@ def test_aiohttp_without_the_extra_is_a_configuration_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "gateway.transport_aiohttp")
+    monkeypatch.delitem(sys.modules, "gateway.upstream.transport_aiohttp")
     with pytest.raises(ConfigurationError, match=r"warmgate\[transports\]"):
         build_upstream(Settings(upstream={"transport": "aiohttp"}))
 

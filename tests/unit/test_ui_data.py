@@ -3,8 +3,8 @@ gauges are read from a Prometheus page as vLLM writes it."""
 
 from __future__ import annotations
 
-from gateway.ui.engines import engine_figures
-from gateway.ui.hot import HotTracker
+from gateway.admin.ui.engines import engine_figures
+from gateway.admin.ui.hot import HotTracker
 from router.types import CandidateScore, Decision, RouteRequest
 
 

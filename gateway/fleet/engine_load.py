@@ -1,0 +1,224 @@
+"""What each engine reports about its own load and prompt tokens, used by the gateway.
+
+A background task scrapes every instance's `/metrics` each `engine_metrics.interval_s`
+(`gateway.engine.vllm_metrics.EngineLoad`):
+
+- load: `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (and running) are shown
+  per instance in `/admin/instances` and exported as `warmgate_engine_*` gauges. They also
+  veto: an instance whose engine has `veto_waiting` or more requests waiting, or whose KV
+  cache is `veto_kv_usage` full or more, leaves the candidate set while any candidate is
+  not overloaded (as smg's overload check does; the gateway's own in-flight counts cannot
+  see requests other gateways or clients sent). When every candidate is overloaded none is
+  vetoed: routing then goes by the policy's own view.
+- accounting: `vllm:prompt_tokens_by_source_total` (local_compute, local_cache_hit,
+  external_kv_transfer) and `vllm:prompt_tokens_cached_by_source_total` (device, host,
+  disk, p2p), shown beside warmgate's predicted-vs-reported cached tokens in
+  `/admin/stats` (`engine_reported`) and exported as `warmgate_engine_prompt_tokens` /
+  `warmgate_engine_cached_prompt_tokens` gauges (the engine's own counter values).
+
+A scrape that fails keeps nothing stale: the instance's load is forgotten (no veto) until
+it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Gauge
+
+from gateway.engine.vllm_metrics import EngineLoad
+from gateway.state import AppState
+
+log = logging.getLogger("warmgate.engine_load")
+
+
+@dataclass(frozen=True, slots=True)
+class Veto:
+    waiting: int | None = 32  # num_requests_waiting at or above this: overloaded
+    kv_usage: float | None = 0.99  # kv_cache_usage_perc at or above this: overloaded
+
+
+class EngineLoadGauges:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.waiting = Gauge(
+            "warmgate_engine_requests_waiting",
+            "vllm:num_requests_waiting as each instance's engine last reported it.",
+            ["instance"],
+            registry=registry,
+        )
+        self.kv_usage = Gauge(
+            "warmgate_engine_kv_cache_usage",
+            "vllm:kv_cache_usage_perc (0..1) as each instance's engine last reported it.",
+            ["instance"],
+            registry=registry,
+        )
+        self.prompt = Gauge(
+            "warmgate_engine_prompt_tokens",
+            "vllm:prompt_tokens_by_source_total of each instance's engine, by source.",
+            ["instance", "source"],
+            registry=registry,
+        )
+        self.cached = Gauge(
+            "warmgate_engine_cached_prompt_tokens",
+            "vllm:prompt_tokens_cached_by_source_total of each instance's engine, by source.",
+            ["instance", "source"],
+            registry=registry,
+        )
+
+
+class EngineLoads:
+    """The last scrape of each instance's engine metrics, and the overload veto."""
+
+    def __init__(self, veto: Veto, gauges: EngineLoadGauges | None = None) -> None:
+        self.veto = veto
+        self.gauges = gauges
+        self.loads: dict[str, EngineLoad] = {}
+        self.scraped_at: dict[str, float] = {}
+        self.vetoes = 0  # candidates left out for overload, counted per decision
+
+    def update(self, instance: str, load: EngineLoad | None) -> None:
+        if load is None:
+            self.loads.pop(instance, None)
+            self.scraped_at.pop(instance, None)
+            return
+        self.loads[instance] = load
+        self.scraped_at[instance] = time.time()
+        g = self.gauges
+        if g is None:
+            return
+        if load.waiting is not None:
+            g.waiting.labels(instance).set(load.waiting)
+        if load.kv_usage is not None:
+            g.kv_usage.labels(instance).set(load.kv_usage)
+        for source, value in load.prompt_tokens_by_source.items():
+            g.prompt.labels(instance, source).set(value)
+        for source, value in load.cached_tokens_by_source.items():
+            g.cached.labels(instance, source).set(value)
+
+    def overloaded(self, instance: str) -> str | None:
+        """Why the engine counts as overloaded, or None."""
+        load = self.loads.get(instance)
+        if load is None:
+            return None
+        v = self.veto
+        if v.waiting is not None and load.waiting is not None and load.waiting >= v.waiting:
+            return f"{load.waiting:.0f} requests waiting (veto at {v.waiting})"
+        if v.kv_usage is not None and load.kv_usage is not None and load.kv_usage >= v.kv_usage:
+            return f"KV cache {load.kv_usage:.0%} full (veto at {v.kv_usage:.0%})"
+        return None
+
+    def filter(self, candidates: Sequence[str]) -> list[str]:
+        """The candidates not overloaded; all of them when every one is."""
+        keep = [c for c in candidates if self.overloaded(c) is None]
+        if not keep:
+            return list(candidates)
+        self.vetoes += len(candidates) - len(keep)
+        return keep
+
+    def view(self, instance: str) -> dict[str, Any] | None:
+        load = self.loads.get(instance)
+        if load is None:
+            return None
+        return {
+            "requests_waiting": load.waiting,
+            "requests_running": load.running,
+            "kv_cache_usage": load.kv_usage,
+            "overloaded": self.overloaded(instance),
+            "scraped_at": self.scraped_at.get(instance),
+        }
+
+    def reported(self) -> dict[str, Any]:
+        """The engines' own prompt-token accounting, per instance and summed."""
+        per: dict[str, Any] = {}
+        total_src: dict[str, float] = {}
+        total_cached: dict[str, float] = {}
+        for instance, load in self.loads.items():
+            per[instance] = {
+                "prompt_tokens_by_source": dict(load.prompt_tokens_by_source),
+                "cached_tokens_by_source": dict(load.cached_tokens_by_source),
+            }
+            for k, v in load.prompt_tokens_by_source.items():
+                total_src[k] = total_src.get(k, 0.0) + v
+            for k, v in load.cached_tokens_by_source.items():
+                total_cached[k] = total_cached.get(k, 0.0) + v
+        prompt = sum(total_src.values())
+        hit = total_src.get("local_cache_hit", 0.0) + total_src.get("external_kv_transfer", 0.0)
+        return {
+            "instances": per,
+            "prompt_tokens_by_source": total_src,
+            "cached_tokens_by_source": total_cached,
+            "cached_share": hit / prompt if prompt else None,
+            "vetoed_candidates": self.vetoes,
+        }
+
+
+async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLoad | None:
+    # httpx's timeouts bound each operation (connect, each read), not the whole exchange:
+    # the deadline around it keeps one engine from ever stalling every instance's scrape
+    try:
+        async with asyncio.timeout(2 * timeout_s):
+            resp = await client.get(f"{url}/metrics", timeout=timeout_s)
+            resp.raise_for_status()
+    except (httpx.HTTPError, TimeoutError):
+        return None
+    load = EngineLoad.parse(resp.text)
+    if load.waiting is None and load.kv_usage is None and not load.prompt_tokens_by_source:
+        return None  # not a vLLM-compatible engine: nothing to use
+    return load
+
+
+async def run_scraper(
+    loads: EngineLoads,
+    client: httpx.AsyncClient,
+    instances: Any,
+    *,
+    interval_s: float,
+    timeout_s: float,
+) -> None:
+    """Scrape every instance (`instances()` -> the fleet now) each interval, forever."""
+    while True:
+        started = time.monotonic()
+        fleet = list(instances())
+        results = await asyncio.gather(
+            *(scrape(client, i.url, timeout_s) for i in fleet), return_exceptions=True
+        )
+        for inst, result in zip(fleet, results, strict=True):
+            loads.update(inst.id, result if not isinstance(result, BaseException) else None)
+        for gone in set(loads.loads) - {i.id for i in fleet}:
+            loads.update(gone, None)
+        await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - started)))
+
+
+def attach_engine_load(state: AppState) -> None:
+    """From the lifespan: scrape the engines, veto overloaded ones (engine_metrics)."""
+    cfg = state.settings.engine_metrics
+    if not cfg.enabled:
+        return
+    loads = EngineLoads(
+        Veto(cfg.veto_waiting, cfg.veto_kv_usage), EngineLoadGauges(state.metrics.registry)
+    )
+    state.engine_load = loads
+    state.health.candidate_filters.append(loads.filter)
+    # a pool of its own, as the health checks have: requests cancelled or stuck in the
+    # shared client (hints, /tokenize) must never stall the scrapes the veto depends on
+    client = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=max(16, 2 * len(state.settings.instances))),
+        trust_env=False,
+    )
+    state.closers.append(client.aclose)
+    state.spawn(
+        run_scraper(
+            loads,
+            client,
+            state.health.instances,
+            interval_s=cfg.interval_s,
+            timeout_s=max(state.settings.health.timeout_s, 1.0),
+        ),
+        "engine-load",
+    )

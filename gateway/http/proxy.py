@@ -1,0 +1,250 @@
+"""Proxying one completion request: route, hint tierd, send upstream, fail over, relay.
+
+The decision's instance is tried first, then its fallbacks (healthy candidates only). An
+attempt fails over when the instance fails *before the client got a byte*: connection
+error or timeout, a 5xx or 429 status, or a stream that dies before its first chunk (when
+every instance fails, the last engine error is passed through if it is OpenAI-shaped, else
+a 502). Any other 4xx from the engine is the client's mistake: passed through, never
+retried elsewhere. Once bytes have been sent, a failure ends the stream with an
+OpenAI-shaped `error` event and `data: [DONE]`. A client that goes away cancels the
+upstream request (streams: Starlette cancels the relay; non-streams: a watcher on the ASGI
+receive channel). How one engine response is read (relayed, assembled or whole) lives in
+`gateway.upstream.relay`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from fastapi.responses import Response
+from starlette.requests import Request
+
+from gateway.errors import (
+    OpenAIError,
+    bad_gateway,
+)
+from gateway.http.roles import access_of
+from gateway.pipeline.accounting import RequestAccounting
+from gateway.pipeline.parse import ParsedRequest, upstream_body
+from gateway.state import AppState
+from gateway.upstream.disconnect import Abandoned, ClientDisconnected, race_disconnect
+from gateway.upstream.inflight import Attempt, inflight_of
+from gateway.upstream.relay import (
+    AttemptConnectFailed,
+    AttemptFailed,
+    AttemptHung,
+    AttemptLocalFailure,
+    AttemptTimedOut,
+    EngineBusy,
+    EngineServerError,
+    Resume,
+    assemble,
+    stream,
+    whole,
+)
+from gateway.upstream.resume import resumer as _resumer
+from gateway.upstream.transport import (
+    Target,
+    UpstreamError,
+    UpstreamLocalError,
+    UpstreamTimeout,
+    target_of,
+)
+
+log = logging.getLogger("warmgate.proxy")
+
+_FORWARD_REQUEST = {
+    name.encode(): name
+    for name in ("authorization", "openai-organization", "openai-project", "user-agent")
+}
+
+
+def _request_headers(request: Request, request_id: str, *, forward_auth: bool) -> dict[str, str]:
+    headers = {
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "x-request-id": request_id,
+    }
+    # One pass over the raw headers (a `request.headers.get()` scans them all each time).
+    for raw_name, raw_value in request.scope["headers"]:
+        name = _FORWARD_REQUEST.get(raw_name)
+        if name is None or name in headers:
+            continue  # not forwarded, or a repeat: the first one counts
+        if name == "authorization" and not forward_auth:
+            continue  # the client's key is the gateway's, not the engines'
+        headers[name] = raw_value.decode("latin-1")
+    return headers
+
+
+def _openai_error_body(content: bytes) -> bool:
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("error"), dict)
+
+
+async def proxy_completion(
+    state: AppState, request: Request, parsed: ParsedRequest, path: str, request_id: str
+) -> Response:
+    """Serve one `/v1/chat/completions` or `/v1/completions` request."""
+    started = time.monotonic()
+    pipeline = state.pipeline
+    assert pipeline is not None, "built in the lifespan"
+    routed = await pipeline.decide(parsed, dry_run=False)
+    rr, decision = routed.route, routed.decision
+    ex = RequestAccounting(state, parsed, rr, decision, started, request_id)
+    pipeline.send_prefetch(routed)
+    order = routed.attempt_order()
+    body = upstream_body(parsed, state.settings.stream_upstream)
+    headers = _request_headers(request, request_id, forward_auth=not access_of(state).any_keys)
+    last: AttemptFailed | None = None
+    request_faults = 0
+    state.metrics.in_flight.inc()
+    for attempt, instance in enumerate(order):
+        if attempt:
+            state.metrics.failovers.inc()
+            state.stats.failovers += 1
+            log.info("failing over to %s after: %s", instance, last, extra={"instance": instance})
+        state.router.on_dispatch(rr, decision, instance)
+        try:
+            resume = None
+            if parsed.stream and state.settings.continue_streams:
+                resume = _resumer(state, ex, path, headers, order[attempt + 1 :] or order)
+            return await _attempt(state, request, ex, instance, path, body, headers, resume)
+        except AttemptFailed as failed:
+            ex.attempt_failed(instance, failed.kind, str(failed))
+            last = failed
+            if _request_fault(failed):
+                request_faults += 1
+                if request_faults >= POISON_AFTER:
+                    log.warning(
+                        "%d instances failed this request with an internal error: not retried",
+                        request_faults,
+                    )
+                    break
+        except ClientDisconnected:
+            ex.complete(instance, "cancelled", ok=False)
+            return Response(status_code=499)
+        except BaseException:
+            ex.complete(instance, "cancelled", ok=False)
+            raise
+    ex.finish_failed()
+    assert last is not None
+    if last.response is not None:
+        status, content, upstream_headers = last.response
+        if _openai_error_body(content):
+            keep = {
+                k: v
+                for k, v in upstream_headers.items()
+                if k in ("retry-after", "retry-after-ms", "x-should-retry")
+            }
+            if status in (502, 503, 504, 429):
+                keep.setdefault("x-should-retry", "true")
+            elif request_faults >= POISON_AFTER:
+                keep["x-should-retry"] = "false"  # the request, not the fleet: never again
+            return Response(
+                content, status_code=status, media_type="application/json", headers=keep
+            )
+    raise bad_gateway(
+        f"Every instance that serves `{parsed.model}` failed ({len(order)} tried); last: {last}",
+        should_retry=request_faults < POISON_AFTER,
+    )
+
+
+# A 500 from two different instances says the request is at fault (an engine answering 500
+# to everything fails its health checks and leaves the set): stop there, and tell the client
+# not to retry (one SDK call once cost nine engine 500s).
+POISON_AFTER = 2
+
+
+def _request_fault(failed: AttemptFailed) -> bool:
+    if not isinstance(failed, EngineServerError) or failed.response is None:
+        return False
+    return failed.response[0] not in (502, 503, 504)
+
+
+async def _attempt(
+    state: AppState,
+    request: Request,
+    ex: RequestAccounting,
+    instance: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    resume: Resume | None = None,
+) -> Response:
+    target = target_of(state.health.instance_url(instance) + path)
+    attempt = inflight_of(state).begin(instance)
+    try:
+        return await _attempt_on(
+            state, request, ex, instance, target, body, headers, attempt, resume
+        )
+    finally:
+        if not attempt.streaming:
+            inflight_of(state).end(attempt)  # a relayed stream ends it when it ends
+
+
+async def _attempt_on(
+    state: AppState,
+    request: Request,
+    ex: RequestAccounting,
+    instance: str,
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    attempt: Attempt,
+    resume: Resume | None,
+) -> Response:
+    # a streamed answer must start within first_byte_s; a whole one takes its generation
+    streamed = ex.parsed.stream or state.settings.stream_upstream
+    head_s = state.settings.timeouts.first_byte_s if streamed else None
+    post = state.upstream.post(target, headers, body, head_s)
+    try:
+        resp = await race_disconnect(request, post, attempt.abandoned)
+    except Abandoned as exc:
+        raise AttemptHung(str(exc)) from None
+    except UpstreamTimeout as exc:
+        if head_s is not None:  # accepted and never answered: a hung engine looks so
+            state.health.record_failure(instance, f"no response head within {head_s:g} s")
+        raise AttemptTimedOut(f"{instance}: {type(exc).__name__}: {exc}") from None
+    except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
+        raise AttemptLocalFailure(f"{instance}: {exc}") from None
+    except UpstreamError as exc:
+        state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
+        raise AttemptConnectFailed(f"{instance}: {type(exc).__name__}: {exc}") from None
+    if resp.status_code >= 400:
+        try:
+            content = await race_disconnect(request, resp.aread())
+        except UpstreamError:
+            content = b""
+        finally:
+            await resp.aclose()
+        if resp.status_code >= 500 or resp.status_code == 429:  # busy or broken: next one
+            busy = resp.status_code == 429
+            raise (EngineBusy if busy else EngineServerError)(
+                f"{instance} answered {resp.status_code}",
+                (resp.status_code, content, dict(resp.headers)),
+            )
+        ex.complete(instance, "client_error", ok=False)
+        if not _openai_error_body(content):
+            err = OpenAIError(
+                resp.status_code,
+                content.decode(errors="replace")[:500] or f"upstream answered {resp.status_code}",
+                code="upstream_error",
+            )
+            content = json.dumps(err.body()).encode()
+        return Response(
+            content,
+            status_code=resp.status_code,
+            media_type="application/json",
+            headers=ex.routing_headers(instance),
+        )
+    attempt.response = resp
+    if ex.parsed.stream:
+        return await stream(request, ex, instance, resp, attempt, resume)
+    if resp.headers.get("content-type", "").startswith("text/event-stream"):
+        return await assemble(request, ex, instance, resp)
+    return await whole(request, ex, instance, resp)

@@ -1,0 +1,75 @@
+"""Attempts in flight on each instance, so a hung one is given up on at once.
+
+A SIGSTOPped engine accepts connections (the kernel does) and never answers: its requests
+would wait out `timeouts.read_s`. Two bounds end that:
+- per request, `timeouts.first_byte_s` (response head and first chunk) and
+  `timeouts.stall_s` (between two chunks) — enforced by the reads themselves;
+- per instance, the health checks: when they mark it unhealthy, every attempt in flight
+  there fails now (`fail_instance`): one waiting for its head is abandoned (its
+  `abandoned` future resolves), one reading a body has its connection failed. Those not
+  yet answered fail over; streams already answering are continued elsewhere
+  (gateway/upstream/continuation.py) or end with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.state import AppState
+from gateway.upstream.transport import UpstreamResponse
+
+
+class Attempt:
+    """One attempt on one instance."""
+
+    __slots__ = ("abandoned", "instance", "response", "streaming")
+
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+        self.abandoned: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.response: UpstreamResponse | None = None
+        self.streaming = False  # handed to a relay, which ends it
+
+    def fail(self, reason: str) -> None:
+        if not self.abandoned.done():
+            self.abandoned.set_result(reason)
+        if self.response is not None:
+            self.response.abort(reason)
+
+
+class Inflight:
+    def __init__(self) -> None:
+        self._by_instance: dict[str, set[Attempt]] = {}
+
+    def begin(self, instance: str) -> Attempt:
+        attempt = Attempt(instance)
+        self._by_instance.setdefault(instance, set()).add(attempt)
+        return attempt
+
+    def end(self, attempt: Attempt) -> None:
+        held = self._by_instance.get(attempt.instance)
+        if held is not None:
+            held.discard(attempt)
+
+    def count(self, instance: str) -> int:
+        return len(self._by_instance.get(instance, ()))
+
+    def fail_instance(self, instance: str, reason: str) -> int:
+        """Fail every attempt in flight on `instance`; how many there were."""
+        attempts = list(self._by_instance.get(instance, ()))
+        for a in attempts:
+            a.fail(reason)
+        return len(attempts)
+
+
+def inflight_of(state: AppState) -> Inflight:
+    """The app's registry (made on first use, and told of instances going unhealthy)."""
+    inflight = state.inflight
+    if inflight is None:
+        inflight = state.inflight = Inflight()
+
+        def on_unhealthy(instance: str, reason: str) -> None:
+            inflight.fail_instance(instance, f"{instance} marked unhealthy: {reason}")
+
+        state.health.on_unhealthy.append(on_unhealthy)
+    return inflight

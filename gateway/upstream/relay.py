@@ -1,0 +1,345 @@
+"""Reading one engine response, in the mode the client needs.
+
+- `stream()`: the client streams: the first chunk is read before anything is answered (a
+  failure until then may fail over), then events are relayed as they complete; a failure
+  after that ends the stream with an OpenAI-shaped `error` event and `data: [DONE]`.
+- `assemble()`: the client did not stream but the engine did (`stream_upstream`): chunks
+  are folded into the non-streaming answer; nothing is sent before the end.
+- `whole()`: the engine answered one JSON body.
+Each raises `AttemptFailed` for a failure that happened before the client got a byte.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from contracts.errors import UpstreamError as WarmgateUpstreamError
+from gateway.errors import sse_error_event
+from gateway.json_codec import decode
+from gateway.pipeline.accounting import RequestAccounting
+from gateway.upstream.aggregate import StreamAggregator
+from gateway.upstream.continuation import SoFar, Stitcher, so_far
+from gateway.upstream.disconnect import Abandoned, RelayResponse, race_disconnect
+from gateway.upstream.inflight import Attempt, inflight_of
+from gateway.upstream.sse import SseRelay
+from gateway.upstream.transport import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("warmgate.proxy")
+
+DONE = b"data: [DONE]\n\n"
+_DROP_RESPONSE = {
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "date",
+    "server",
+    "x-request-id",
+    "keep-alive",
+}
+
+
+class AttemptFailed(WarmgateUpstreamError):
+    """An attempt failed before the client got a byte: try the next instance. One subclass
+    per way of failing; `kind` is its metric label (`warmgate_upstream_errors_total`)."""
+
+    kind = "failed"
+
+    def __init__(
+        self, message: str, response: tuple[int, bytes, dict[str, str]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.response = response
+
+
+class AttemptHung(AttemptFailed):
+    kind = "hung"  # the engine stopped answering (abandoned past its deadline)
+
+
+class AttemptTimedOut(AttemptFailed):
+    kind = "timeout"
+
+
+class AttemptLocalFailure(AttemptFailed):
+    kind = "local"  # the gateway ran out of descriptors or buffers: not the engine's fault
+
+
+class AttemptConnectFailed(AttemptFailed):
+    kind = "connect"
+
+
+class AttemptRead(AttemptFailed):
+    kind = "read"  # the answer broke off while being read
+
+
+class EngineErrorEvent(AttemptFailed):
+    kind = "engine_error"  # the engine's stream carried an error event before any byte
+
+
+class StreamTruncated(AttemptFailed):
+    kind = "truncated"  # the stream ended before [DONE]
+
+
+class EngineBusy(AttemptFailed):
+    kind = "status_429"
+
+
+class EngineServerError(AttemptFailed):
+    kind = "status_5xx"
+
+
+async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return b""
+
+
+def response_headers(
+    upstream: UpstreamResponse, ex: RequestAccounting, instance: str
+) -> dict[str, str]:
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
+    headers.update(ex.routing_headers(instance))
+    return headers
+
+
+async def assemble(
+    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
+) -> Response:
+    """A non-streaming client's answer, assembled from the engine's stream: nothing has
+    been sent before the end, so any failure on the way can still fail over."""
+    aggregator = StreamAggregator(ex.parsed.kind)
+    relay = SseRelay(strip_usage=False, on_chunk=aggregator.add)
+
+    t = ex.state.settings.timeouts
+
+    async def consume() -> None:
+        async for chunk in resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s):
+            ex.inspect(instance, relay, chunk)
+        relay.flush()
+
+    try:
+        await race_disconnect(request, consume())
+    except UpstreamError as exc:
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+    if relay.error is not None:
+        raise EngineErrorEvent(f"{instance}: {relay.error.get('message')}")
+    if not relay.saw_done:
+        raise StreamTruncated(f"{instance}: the stream ended before [DONE]")
+    ex.complete(instance, "ok", ok=True, usage=aggregator.usage)
+    ex.state.health.record_served(instance)
+    headers = {k: v for k, v in response_headers(resp, ex, instance).items() if k != "content-type"}
+    return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
+
+
+async def whole(
+    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
+) -> Response:
+    try:
+        content = await race_disconnect(request, resp.aread())
+    except UpstreamError as exc:
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+    usage: dict[str, Any] | None = None
+    try:
+        parsed_body, _ = decode(content)
+        if isinstance(parsed_body, dict) and isinstance(parsed_body.get("usage"), dict):
+            usage = parsed_body["usage"]
+    except ValueError:
+        pass
+    ex.complete(instance, "ok", ok=True, usage=usage)
+    ex.state.health.record_served(instance)
+    return Response(
+        content, status_code=resp.status_code, headers=response_headers(resp, ex, instance)
+    )
+
+
+@dataclass
+class Resumed:
+    """A continuation under way on another instance: its first chunk already read."""
+
+    instance: str
+    resp: UpstreamResponse
+    it: AsyncIterator[bytes]
+    first: bytes
+    attempt: Attempt
+
+
+Resume = Callable[[SoFar], Awaitable[Resumed | None]]
+
+
+async def stream(
+    request: Request,
+    ex: RequestAccounting,
+    instance: str,
+    resp: UpstreamResponse,
+    attempt: Attempt,
+    resume: Resume | None = None,
+) -> Response:
+    t = ex.state.settings.timeouts
+    it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
+    try:
+        first = await race_disconnect(request, _first_chunk(it), attempt.abandoned)
+    except (UpstreamError, Abandoned) as exc:
+        await resp.aclose()
+        raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+        raise
+    if not first:
+        await resp.aclose()
+        raise AttemptRead(f"{instance}: the stream ended before its first byte")
+    attempt.streaming = True  # from here the relay owns it (and ends it)
+    run = _Relay(ex, instance, resp, it, attempt, resume)
+    body = run.frames(first)
+
+    async def cleanup() -> None:
+        await body.aclose()  # runs the relay's own `finally` if it had started
+        await run.close()
+        # no-op when the relay completed it; else the engine's own bytes decide the outcome
+        if run.relay.finished:
+            ex.complete(instance, "ok", ok=True, usage=run.relay.usage)
+        else:
+            ex.complete(instance, "cancelled", ok=False)
+
+    return RelayResponse(
+        body,
+        cleanup=cleanup,
+        status_code=resp.status_code,
+        headers=response_headers(resp, ex, instance),
+        media_type="text/event-stream",
+    )
+
+
+class _Relay:
+    """One client stream, relayed from one engine or, after a failure mid-stream, from the
+    next (`resume`); it ends cleanly, with an error event, or cancelled."""
+
+    def __init__(
+        self,
+        ex: RequestAccounting,
+        instance: str,
+        resp: UpstreamResponse,
+        it: AsyncIterator[bytes],
+        attempt: Attempt,
+        resume: Resume | None,
+    ) -> None:
+        self.ex = ex
+        self.first_instance = self.instance = instance
+        self.resp, self.it, self.attempt = resp, it, attempt
+        self.resume = resume
+        self.relay = SseRelay(strip_usage=not ex.parsed.client_wants_usage)
+        self.sent: list[bytes] | None = [] if resume is not None else None
+        self.stitch: Stitcher | None = None
+        self.continued_from: list[str] = []
+
+    def _out(self, pieces: list[bytes]) -> list[bytes]:
+        if self.stitch is not None:
+            pieces = [p for p in map(self.stitch, pieces) if p]
+        if self.sent is not None:
+            self.sent.extend(pieces)
+        return pieces
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.resp.aclose()
+        inflight_of(self.ex.state).end(self.attempt)
+
+    async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
+        ex = self.ex
+        outcome, ok = "cancelled", False
+        try:
+            pending = first
+            while True:
+                failure, detail = None, ""
+                try:
+                    for piece in self._out(ex.inspect(self.instance, self.relay, pending)):
+                        yield piece
+                    async for chunk in self.it:
+                        for piece in self._out(ex.inspect(self.instance, self.relay, chunk)):
+                            yield piece
+                    tail = self._out([self.relay.flush()])
+                    for piece in tail:
+                        if piece:
+                            yield piece
+                    if self.relay.error is None and not self.relay.saw_done:
+                        failure, detail = "truncated", "ended the stream early"
+                except UpstreamError as exc:
+                    failure, detail = "midstream", f"failed mid-stream ({type(exc).__name__})"
+                if failure is None:
+                    break
+                ex.midstream_error(self.instance, failure)
+                sent = so_far(self.sent, ex.parsed.kind) if self.sent is not None else None
+                if self.relay.saw_finish or (sent is not None and sent.finished):
+                    yield DONE  # the answer was whole; only its end was lost
+                    outcome, ok = "ok", True
+                    return
+                resumed = await self._continue(sent)
+                if resumed is None:
+                    outcome = "upstream_error"
+                    yield sse_error_event(f"The upstream instance {detail}.", code="upstream_error")
+                    yield DONE
+                    return
+                assert self.stitch is not None
+                yield self.stitch.comment()
+                pending = resumed.first
+            if self.relay.error is not None:
+                outcome = "upstream_error"
+                ex.midstream_error(self.instance, "engine_error")
+                if not self.relay.saw_done:
+                    yield DONE
+            else:
+                outcome, ok = "ok", True
+                ex.state.health.record_served(self.instance)
+        finally:
+            await self.close()
+            if outcome == "cancelled" and self.relay.finished:
+                # The engine had sent everything ([DONE] or finish_reason) when the client
+                # left: a client that closes right after [DONE] got a complete answer.
+                outcome, ok = "ok", True
+            ex.complete(self.first_instance, outcome, ok=ok, usage=self.relay.usage)
+
+    async def _continue(self, sent: SoFar | None) -> Resumed | None:
+        metrics = self.ex.state.metrics.continuations
+        if self.resume is None:
+            return None
+        if sent is None:
+            metrics.labels("impossible").inc()
+            return None
+        self.continued_from.append(self.instance)
+        sent.continued_from = list(self.continued_from)
+        resumed = await self.resume(sent)
+        if resumed is None:
+            metrics.labels("failed").inc()
+            return None
+        metrics.labels("continued").inc()
+        await self.close()
+        log.info(
+            "stream continued on %s after %s failed (%d pieces sent)",
+            resumed.instance,
+            self.instance,
+            sent.pieces,
+            extra={"instance": resumed.instance},
+        )
+        self.instance, self.resp, self.it, self.attempt = (
+            resumed.instance,
+            resumed.resp,
+            resumed.it,
+            resumed.attempt,
+        )
+        self.relay = SseRelay(strip_usage=not self.ex.parsed.client_wants_usage)
+        self.stitch = Stitcher(sent, self.ex.parsed.kind, resumed.instance)
+        return resumed
