@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from bench.chaos_faults import faults
+from bench.chaos_rows import markdown, run_row
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleet, RealFleetSpec
 from bench.sim_fleet import Proc, free_port, wait_http, wait_redis
 from gateway.launch.tiered import TierdProcess
@@ -163,7 +164,6 @@ class RealChaosFleet:
 
 
 async def run(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
-    from bench.chaos import run_row  # bench.chaos imports this module late
 
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -219,7 +219,6 @@ def _keep_logs(real: RealFleet, base: Path) -> None:
 
 
 def main(args: argparse.Namespace, out: Path, base: Path) -> int:
-    from bench.chaos import markdown
 
     base.mkdir(parents=True, exist_ok=True)
     rows = asyncio.run(run(args, base))

@@ -34,8 +34,9 @@ from gateway.fleet.kv_events import attach_kv_events
 from gateway.fleet.kv_resync import attach_health_resync
 from gateway.fleet.runtime import attach_fleet
 from gateway.fleet.tier_stats import run_poller
+from gateway.http.access import Access
 from gateway.http.asgi_app import GatewayApp
-from gateway.http.limits import attach_limits
+from gateway.http.limits import build_limiter
 from gateway.http.middleware import RequestIdMiddleware
 from gateway.http.monitoring import build_monitoring_router
 from gateway.http.openai_api import add_completion_routes, build_openai_router
@@ -50,6 +51,7 @@ from gateway.pipeline.shared_state import attach_shared_state
 from gateway.pipeline.tokens import PreciseChains
 from gateway.state import AppState
 from gateway.upstream.h1pool import H1Pool
+from gateway.upstream.inflight import Inflight
 from gateway.upstream.transport import Timeouts, UpstreamTransport
 from gateway.upstream.transport_httpx import HttpxTransport
 
@@ -117,7 +119,12 @@ def build_state(settings: Settings) -> AppState:
             settings.instances, metrics, client, enabled=settings.tiers.prefetch
         ),
         started_at=time.time(),
+        access=Access(settings),
+        inflight=Inflight(),
+        limits=build_limiter(settings),
     )
+    state.closers.append(state.limits.aclose)
+    state.health.on_unhealthy.append(state.inflight.on_unhealthy)
     state.closers.append(health_client.aclose)
     metrics.gc_pauses.install()
     state.closers.append(metrics.gc_pauses.remove)
@@ -157,7 +164,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await attach_shared_state(state)
             await attach_kv_events(state)
             await attach_fleet(state)  # after the shared state: it publishes through its sync
-            await attach_limits(state)
             await attach_ui(state)
             attach_health_resync(state)
             state.pipeline = build_pipeline(state)  # over the parts just attached

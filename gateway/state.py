@@ -21,10 +21,13 @@ from starlette.requests import Request
 
 from gateway.config.settings import Settings
 from gateway.fleet.health import HealthChecker
+from gateway.http.access import Access
+from gateway.http.limits import Limiter
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.tokens import PreciseChains
+from gateway.upstream.inflight import Inflight
 from gateway.upstream.transport import UpstreamTransport
 from router.router import Router
 
@@ -33,11 +36,8 @@ if TYPE_CHECKING:
     from gateway.fleet.engine_load import EngineLoads
     from gateway.fleet.kv_events import KvEventConsumer
     from gateway.fleet.runtime import Fleet
-    from gateway.http.limits import Limiter
-    from gateway.http.roles import Access
     from gateway.pipeline.decide import RequestPipeline
     from gateway.pipeline.session_bindings import SessionBindings
-    from gateway.upstream.inflight import Inflight
 
 log = logging.getLogger("warmgate.app")
 
@@ -57,6 +57,9 @@ class AppState:
     router: Router
     prefetch: PrefetchHints
     started_at: float
+    access: Access  # gateway.http.access: who may call what
+    inflight: Inflight  # gateway.upstream.inflight: attempts in flight, failed when unhealthy
+    limits: Limiter  # gateway.http.limits: rate limits (disabled when none are configured)
     precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -66,12 +69,7 @@ class AppState:
     kv_events: KvEventConsumer | None = None  # gateway.fleet.kv_events: engines' residency events
     tierd_events: KvEventConsumer | None = None  # gateway.fleet.tierd_events: tierds' events
     fleet: Fleet | None = None  # gateway.fleet.runtime: runtime fleet changes
-    limits: Limiter | None = None  # gateway.http.limits: rate limits
     ui: UiRuntime | None = None  # gateway.admin.ui.live: the operator page's history
-    access: Access | None = None  # gateway.http.roles: who may call what, built on first use
-    inflight: Inflight | None = (
-        None  # gateway.upstream.inflight: attempts in flight, built on first use
-    )
     engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 

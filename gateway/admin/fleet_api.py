@@ -22,8 +22,9 @@ from pydantic import ValidationError
 
 from gateway.config.settings import InstanceSettings
 from gateway.errors import OpenAIError, error_body
+from gateway.fleet.checks import ValidationFailedError
 from gateway.fleet.runtime import FleetError, fleet_of
-from gateway.fleet.validate import ValidationFailedError, validate_instance
+from gateway.fleet.validate import validate_instance
 from gateway.pipeline.parse import parse_json_object, read_body
 from gateway.state import app_state
 from router.state.base import StateUnavailableError

@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from contracts.kv_events import BlockStored, MalformedEventError, decode_batch, decode_frames
 from gateway.config.settings import InstanceSettings, RoutingSettings
-from gateway.fleet.validate import Check
+from gateway.fleet.checks import Check
 from router.precise import VllmBlockHasher
 
 SLOW_JOINER_S = 0.3  # a ZMQ publisher drops what it sends before our subscription arrives

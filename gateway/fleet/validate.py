@@ -13,31 +13,12 @@ is refused at the admin call instead of failing players' requests later.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import httpx
 
-from contracts.errors import AdminError
 from gateway.config.settings import InstanceSettings, RoutingSettings
+from gateway.fleet.checks import Check, ValidationFailedError
 from gateway.fleet.kv_capacity import cache_config_labels
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-class ValidationFailedError(AdminError):
-    def __init__(self, checks: list[Check]) -> None:
-        self.checks = checks
-        failed = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
-        super().__init__(failed)
-
-    def to_list(self) -> list[dict[str, Any]]:
-        return [asdict(c) for c in self.checks]
+from gateway.fleet.seed import check_hash_seed
 
 
 async def _get(client: httpx.AsyncClient, url: str, timeout_s: float) -> httpx.Response | str:
@@ -115,8 +96,6 @@ async def validate_instance(
         text = metrics.text if isinstance(metrics, httpx.Response) and metrics.is_success else ""
         checks.extend(_precise_checks(cache_config_labels(text), routing))
         if served and all(c.ok for c in checks):
-            from gateway.fleet.seed import check_hash_seed  # it builds on this module's Check
-
             seed = await check_hash_seed(client, spec, routing, served[0], timeout_s)
             if seed is not None:
                 checks.append(seed)

@@ -26,10 +26,10 @@ from typing import Any
 from starlette.requests import Request
 
 from gateway.config.guards import BucketSettings, LimitSettings
+from gateway.config.settings import Settings
 from gateway.errors import OpenAIError
-from gateway.http.roles import presented_key
+from gateway.http.access import presented_key
 from gateway.pipeline.parse import ParsedRequest
-from gateway.state import AppState
 
 log = logging.getLogger("warmgate.limits")
 
@@ -251,25 +251,16 @@ def too_many(takes: Sequence[Take], verdict: Verdict) -> OpenAIError:
     )
 
 
-def limiter_of(state: AppState) -> Limiter | None:
-    limiter = state.limits
-    return limiter if limiter is not None and limiter.enabled else None
-
-
-async def enforce(state: AppState, request: Request, parsed: ParsedRequest) -> None:
+async def enforce(limiter: Limiter, request: Request, parsed: ParsedRequest) -> None:
     """The rate-limit step of serving a completion (a no-op without limits)."""
-    limiter = limiter_of(state)
-    if limiter is not None:
+    if limiter.enabled:
         await limiter.check(presented_key(request), parsed)
 
 
-async def attach_limits(state: AppState) -> None:
-    """Called from the gateway's lifespan: build the limiter (Redis-backed when shared)."""
-    settings = state.settings
+def build_limiter(settings: Settings) -> Limiter:
+    """The app's limiter (its buckets in Redis when the state is shared), built with the state."""
     st = settings.state
     shared = None
     if st.backend == "redis" and st.redis_url:
         shared = RedisBuckets(st.redis_url, st.pool)
-    limiter = Limiter(settings.limits, shared, settings.routing.chars_per_token)
-    state.limits = limiter
-    state.closers.append(limiter.aclose)
+    return Limiter(settings.limits, shared, settings.routing.chars_per_token)

@@ -37,7 +37,7 @@ async def _serve(request: Request, kind: Kind) -> Response:
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
-        await enforce(state, request, parsed)
+        await enforce(state.limits, request, parsed)
         return await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
     except OpenAIError as err:
         _count_refusal(state, err)

@@ -25,12 +25,11 @@ from gateway.errors import (
     OpenAIError,
     bad_gateway,
 )
-from gateway.http.roles import access_of
 from gateway.pipeline.accounting import RequestAccounting
 from gateway.pipeline.parse import ParsedRequest, upstream_body
 from gateway.state import AppState
 from gateway.upstream.disconnect import Abandoned, ClientDisconnected, race_disconnect
-from gateway.upstream.inflight import Attempt, inflight_of
+from gateway.upstream.inflight import Attempt
 from gateway.upstream.relay import (
     AttemptConnectFailed,
     AttemptFailed,
@@ -99,7 +98,7 @@ async def proxy_completion(
     pipeline.send_prefetch(routed)
     order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
-    headers = _request_headers(request, request_id, forward_auth=not access_of(state).any_keys)
+    headers = _request_headers(request, request_id, forward_auth=not state.access.any_keys)
     last: AttemptFailed | None = None
     request_faults = 0
     state.metrics.in_flight.inc()
@@ -177,14 +176,14 @@ async def _attempt(
     resume: Resume | None = None,
 ) -> Response:
     target = target_of(state.health.instance_url(instance) + path)
-    attempt = inflight_of(state).begin(instance)
+    attempt = state.inflight.begin(instance)
     try:
         return await _attempt_on(
             state, request, ex, instance, target, body, headers, attempt, resume
         )
     finally:
         if not attempt.streaming:
-            inflight_of(state).end(attempt)  # a relayed stream ends it when it ends
+            state.inflight.end(attempt)  # a relayed stream ends it when it ends
 
 
 async def _attempt_on(

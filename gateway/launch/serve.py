@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from gateway.app import create_app
 from gateway.config.settings import Settings, load_settings
+from gateway.http.access import Access, is_loopback
 from gateway.http.listener import serve
-from gateway.http.roles import Access, is_loopback
 from gateway.observe.logs import configure_logging, logging_config
 
 log = logging.getLogger("warmgate.serve")

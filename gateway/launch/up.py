@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from gateway.launch.banner import Interrupted, banner_text
 from gateway.launch.process import ProcessTree
 from gateway.launch.process import wait_http as wait_for
 
@@ -165,46 +166,10 @@ class Child:
         return self.tree.tail(n) if self.tree is not None else ""
 
 
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM while starting or running."""
-
-
 def wait_http(child: Child, url: str, timeout_s: float) -> None:
     if child.tree is None:
         raise RuntimeError(f"{child.name} was not started")
     wait_for(child.tree, url, timeout_s)
-
-
-def banner_text(
-    headline: str,
-    base_url: str,
-    model: str,
-    details: list[str],
-    *,
-    call: str = "",
-    notes: tuple[str, ...] = (),
-) -> str:
-    """What `warmgate up` prints once everything answers (simulated and vLLM fleets alike):
-    where things are, then how to call it with the OpenAI SDK (`call`: arguments before
-    `messages`)."""
-    return "\n".join(
-        [
-            "",
-            headline,
-            f"  base URL:  {base_url}",
-            f"  admin:     {base_url.removesuffix('/v1')}/admin/instances  /admin/stats  /metrics",
-            *details,
-            "",
-            "  from openai import OpenAI",
-            f'  client = OpenAI(base_url="{base_url}", api_key="unused")',
-            f'  print(client.chat.completions.create(model="{model}", {call}messages=[{{"role": '
-            '"user", "content": "Hello!"}]).choices[0].message.content)',
-            "",
-            *notes,
-            "Ctrl-C stops everything.",
-            "",
-        ]
-    )
 
 
 def banner(base_url: str, model: str, run_dir: Path, args: argparse.Namespace, tierds: bool) -> str:

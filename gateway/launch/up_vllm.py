@@ -26,10 +26,10 @@ import httpx
 import yaml
 
 from gateway.engine.vllm_metrics import cache_config
+from gateway.launch.banner import Interrupted, banner_text
 from gateway.launch.models import EngineEnvMissing, ensure_tiny_model, require_engine_python
 from gateway.launch.process import ProcessTree
 from gateway.launch.tiered import TieredConfig, TieredFleet
-from gateway.launch.up import Interrupted, banner_text
 from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
 from gateway.pipeline import hf_tokenizer
 

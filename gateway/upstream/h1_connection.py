@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import httptools
 
@@ -18,9 +18,6 @@ from gateway.upstream.transport import (
     UpstreamTimeout,
 )
 
-if TYPE_CHECKING:
-    from gateway.upstream.h1pool import H1Pool
-
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 
@@ -28,8 +25,7 @@ LOW_WATER = 64 * 1024
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: one response at a time, read through a parser."""
 
-    def __init__(self, pool: H1Pool, key: tuple[str, int]) -> None:
-        self.pool = pool
+    def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.reusable = False  # set when a response ended cleanly with keep-alive

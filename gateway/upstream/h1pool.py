@@ -163,7 +163,7 @@ class H1Pool:
         try:
             async with asyncio.timeout(self.timeouts.connect_s):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(self, key), target.host, target.port
+                    lambda: Connection(key), target.host, target.port
                 )
         except TimeoutError:
             self._forget(None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.state import AppState
 from gateway.upstream.transport import UpstreamResponse
 
 
@@ -54,22 +53,13 @@ class Inflight:
     def count(self, instance: str) -> int:
         return len(self._by_instance.get(instance, ()))
 
+    def on_unhealthy(self, instance: str, reason: str) -> None:
+        """A health-checker hook: an instance marked unhealthy fails its attempts at once."""
+        self.fail_instance(instance, f"{instance} marked unhealthy: {reason}")
+
     def fail_instance(self, instance: str, reason: str) -> int:
         """Fail every attempt in flight on `instance`; how many there were."""
         attempts = list(self._by_instance.get(instance, ()))
         for a in attempts:
             a.fail(reason)
         return len(attempts)
-
-
-def inflight_of(state: AppState) -> Inflight:
-    """The app's registry (made on first use, and told of instances going unhealthy)."""
-    inflight = state.inflight
-    if inflight is None:
-        inflight = state.inflight = Inflight()
-
-        def on_unhealthy(instance: str, reason: str) -> None:
-            inflight.fail_instance(instance, f"{instance} marked unhealthy: {reason}")
-
-        state.health.on_unhealthy.append(on_unhealthy)
-    return inflight

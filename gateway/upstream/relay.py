@@ -27,7 +27,7 @@ from gateway.pipeline.accounting import RequestAccounting
 from gateway.upstream.aggregate import StreamAggregator
 from gateway.upstream.continuation import SoFar, Stitcher, so_far
 from gateway.upstream.disconnect import Abandoned, RelayResponse, race_disconnect
-from gateway.upstream.inflight import Attempt, inflight_of
+from gateway.upstream.inflight import Attempt
 from gateway.upstream.sse import SseRelay
 from gateway.upstream.transport import UpstreamError, UpstreamResponse
 
@@ -256,7 +256,7 @@ class _Relay:
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.resp.aclose()
-        inflight_of(self.ex.state).end(self.attempt)
+        self.ex.state.inflight.end(self.attempt)
 
     async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
         ex = self.ex

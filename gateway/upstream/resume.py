@@ -10,7 +10,6 @@ from gateway.json_codec import encode
 from gateway.pipeline.accounting import RequestAccounting
 from gateway.state import AppState
 from gateway.upstream.continuation import SoFar, continuation_body
-from gateway.upstream.inflight import inflight_of
 from gateway.upstream.relay import Resume, Resumed
 from gateway.upstream.transport import UpstreamError, target_of
 
@@ -35,7 +34,7 @@ def resumer(
             if instance in failed or instance in tried:
                 continue
             tried.add(instance)
-            inflight = inflight_of(state)
+            inflight = state.inflight
             attempt = inflight.begin(instance)
             target = target_of(state.health.instance_url(instance) + path)
             try:

@@ -22,7 +22,7 @@ from tierd.client import TierdError
 
 PRIVATE = {
     "gateway.http.listener._HeadersTooLarge",
-    "gateway.launch.up.Interrupted",
+    "gateway.launch.banner.Interrupted",
 }  # control flow
 
 
