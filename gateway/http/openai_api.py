@@ -1,7 +1,8 @@
 """The OpenAI-compatible API: `POST /v1/chat/completions`, `POST /v1/completions`,
+`POST /v1/responses` (translated to a chat completion, gateway/http/responses_api.py),
 `GET /v1/models` (the union of the healthy instances' models).
 
-The two completion endpoints are fast routes of `GatewayApp` (gateway/http/asgi_app.py) that
+The completion endpoints are fast routes of `GatewayApp` (gateway/http/asgi_app.py) that
 check the API key themselves: they skip FastAPI's middleware stack and per-route machinery
 (dependency solving, the endpoint wrapper), about a fifth of the gateway's CPU per proxied
 request for nothing they need. Errors still go through the app's
@@ -19,6 +20,7 @@ from gateway.errors import OpenAIError
 from gateway.http.asgi_app import GatewayApp
 from gateway.http.limits import enforce
 from gateway.http.proxy import proxy_completion
+from gateway.http.responses_api import answer, to_chat
 from gateway.http.roles import require_client
 from gateway.pipeline.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.state import AppState, app_state
@@ -26,7 +28,7 @@ from gateway.state import AppState, app_state
 _PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
-async def _serve(request: Request, kind: Kind) -> Response:
+async def _serve(request: Request, kind: Kind, responses: bool = False) -> Response:
     state = app_state(request)
     request_id = str(request.state.request_id)
     try:
@@ -34,11 +36,16 @@ async def _serve(request: Request, kind: Kind) -> Response:
         raw = await read_body(request, settings.max_body_bytes, settings.server.body_timeout_s)
         limits = settings.request_limits
         body, fast_json = decode_json_object(raw, limits)
+        call = None
+        if responses:  # the Responses API, served as a chat completion
+            body, call = to_chat(body, limits)
+            raw = b""
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
-        await enforce(state.limits, request, parsed)
-        return await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
+        await enforce(state, request, parsed)
+        served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
+        return served if call is None else answer(call, served)
     except OpenAIError as err:
         _count_refusal(state, err)
         raise
@@ -53,10 +60,10 @@ def _count_refusal(state: AppState, err: OpenAIError) -> None:
     state.stats.outcomes[outcome] += 1
 
 
-def _endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(kind: Kind, responses: bool = False) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         await require_client(request)
-        return await _serve(request, kind)
+        return await _serve(request, kind, responses)
 
     return endpoint
 
@@ -64,6 +71,7 @@ def _endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
 def add_completion_routes(app: GatewayApp) -> None:
     for kind, path in _PATHS.items():
         app.add_fast_route(path, _endpoint(kind))
+    app.add_fast_route("/v1/responses", _endpoint("chat", responses=True))
 
 
 def build_openai_router() -> APIRouter:
