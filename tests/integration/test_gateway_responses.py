@@ -121,3 +121,22 @@ def test_unservable_fields_are_400_naming_them(
     raw = httpx.post(f"{fleet.base}/v1/responses", json=body, timeout=30)
     assert raw.status_code == 400
     assert set(raw.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_text_format_and_store_are_accepted(client: openai.OpenAI) -> None:
+    r = client.responses.create(
+        model=MODEL,
+        input="Name a sword.",
+        store=False,
+        max_output_tokens=4,
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "sword",
+                "schema": {"type": "object", "properties": {"name": {"type": "string"}}},
+            }
+        },
+    )
+    assert r.output_text and r.store is False
+    assert r.text is not None and r.text.format is not None
+    assert r.text.format.type == "json_schema"
