@@ -27,13 +27,13 @@ from gateway.admin.ui.routes import build_ui_admin_router, build_ui_router
 from gateway.config.settings import Settings, load_settings
 from gateway.errors import install_error_handlers
 from gateway.fleet.engine_check import check_engines
-from gateway.fleet.engine_load import attach_engine_load
+from gateway.fleet.engine_load import start_engine_load
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.kv_capacity import run_discovery
-from gateway.fleet.kv_events import attach_kv_events
+from gateway.fleet.kv_events import start_kv_events
 from gateway.fleet.kv_resync import attach_health_resync
-from gateway.fleet.runtime import attach_fleet
-from gateway.fleet.tier_stats import run_poller
+from gateway.fleet.runtime import attach_fleet, tier_stats_poller
+from gateway.fleet.tierd_events import engine_tiers, start_tierd_events
 from gateway.http.access import Access
 from gateway.http.asgi_app import GatewayApp
 from gateway.http.limits import build_limiter
@@ -47,7 +47,7 @@ from gateway.observe.stats import GatewayStats
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.router_build import build_router
-from gateway.pipeline.shared_state import attach_shared_state
+from gateway.pipeline.shared_state import start_shared_state
 from gateway.pipeline.tokens import PreciseChains
 from gateway.state import AppState
 from gateway.upstream.h1pool import H1Pool
@@ -161,17 +161,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 state.precise = PreciseChains(
                     checked.precise, state.client, state.health, state.metrics
                 )
-            await attach_shared_state(state)
-            await attach_kv_events(state)
+            registry = state.metrics.registry
+            state.bindings = await start_shared_state(state.settings, state.router, registry, state)
+            index = state.router.index
+            state.kv_events = await start_kv_events(
+                state.settings, index, registry, state, engine_tiers(state.settings)
+            )
+            if state.kv_events is not None:  # tierds' events join the engines' feed
+                state.tierd_events = await start_tierd_events(state.settings, index, state)
             await attach_fleet(state)  # after the shared state: it publishes through its sync
             await attach_ui(state)
             attach_health_resync(state)
             state.pipeline = build_pipeline(state)  # over the parts just attached
-            attach_engine_load(state)
+            state.engine_load = start_engine_load(state.settings, state.health, registry, state)
             await state.health.check_all()  # serve with a candidate set from the start
             state.spawn(state.health.run(), "health-checks")
             if state.prefetch.available:
-                state.spawn(run_poller(state), "tier-stats")
+                state.spawn(tier_stats_poller(state), "tier-stats")
             if state.router.policy.wants_kv_capacity:
                 retry_s = settings.health.interval_s
                 state.spawn(run_discovery(state, retry_s=retry_s), "kv-capacity")

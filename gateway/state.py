@@ -10,9 +10,7 @@ attached by the lifespan (`gateway.app`), each onto its own field, and use:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +21,7 @@ from gateway.config.settings import Settings
 from gateway.fleet.health import HealthChecker
 from gateway.http.access import Access
 from gateway.http.limits import Limiter
+from gateway.lifetime import Lifetime
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
 from gateway.pipeline.prefetch import PrefetchHints
@@ -41,12 +40,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warmgate.app")
 
-ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
 
-
-@dataclass
-class AppState:
-    """The gateway's objects, one set per app."""
+@dataclass(kw_only=True)
+class AppState(Lifetime):
+    """The gateway's objects, one set per app (its tasks, closers and readiness checks are
+    the `Lifetime` it is)."""
 
     settings: Settings
     client: httpx.AsyncClient  # pooled client for upstream calls besides proxying
@@ -61,9 +59,6 @@ class AppState:
     inflight: Inflight  # gateway.upstream.inflight: attempts in flight, failed when unhealthy
     limits: Limiter  # gateway.http.limits: rate limits (disabled when none are configured)
     precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     pipeline: RequestPipeline | None = None  # gateway.pipeline.decide: built once the parts are
     bindings: SessionBindings | None = None  # gateway.pipeline.shared_state: cross-replica sessions
     kv_events: KvEventConsumer | None = None  # gateway.fleet.kv_events: engines' residency events
@@ -73,28 +68,8 @@ class AppState:
     engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Run `coro` in the background for the app's lifetime; its failure is logged."""
-        task = asyncio.create_task(coro, name=name)
-        self.background.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self.background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task %s failed: %r", task.get_name(), task.exception())
-
     async def aclose(self) -> None:
-        tasks = list(self.background)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for closer in reversed(self.closers):
-            try:
-                await closer()
-            except Exception as exc:  # one failing closer must not skip the others
-                log.warning("closer failed: %r", exc)
+        await self.end()
         await self.prefetch.aclose()
         await self.upstream.aclose()
         await self.client.aclose()

@@ -32,8 +32,10 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, Gauge
 
+from gateway.config.settings import Settings
 from gateway.engine.vllm_metrics import EngineLoad
-from gateway.state import AppState
+from gateway.fleet.health import HealthChecker
+from gateway.lifetime import Lifetime
 
 log = logging.getLogger("warmgate.engine_load")
 
@@ -195,30 +197,31 @@ async def run_scraper(
         await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - started)))
 
 
-def attach_engine_load(state: AppState) -> None:
-    """From the lifespan: scrape the engines, veto overloaded ones (engine_metrics)."""
-    cfg = state.settings.engine_metrics
+def start_engine_load(
+    settings: Settings, health: HealthChecker, registry: CollectorRegistry, life: Lifetime
+) -> EngineLoads | None:
+    """From the lifespan: scrape the engines, veto overloaded ones (engine_metrics); None
+    when it is off."""
+    cfg = settings.engine_metrics
     if not cfg.enabled:
-        return
-    loads = EngineLoads(
-        Veto(cfg.veto_waiting, cfg.veto_kv_usage), EngineLoadGauges(state.metrics.registry)
-    )
-    state.engine_load = loads
-    state.health.candidate_filters.append(loads.filter)
+        return None
+    loads = EngineLoads(Veto(cfg.veto_waiting, cfg.veto_kv_usage), EngineLoadGauges(registry))
+    health.candidate_filters.append(loads.filter)
     # a pool of its own, as the health checks have: requests cancelled or stuck in the
     # shared client (hints, /tokenize) must never stall the scrapes the veto depends on
     client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=max(16, 2 * len(state.settings.instances))),
+        limits=httpx.Limits(max_connections=max(16, 2 * len(settings.instances))),
         trust_env=False,
     )
-    state.closers.append(client.aclose)
-    state.spawn(
+    life.closers.append(client.aclose)
+    life.spawn(
         run_scraper(
             loads,
             client,
-            state.health.instances,
+            health.instances,
             interval_s=cfg.interval_s,
-            timeout_s=max(state.settings.health.timeout_s, 1.0),
+            timeout_s=max(settings.health.timeout_s, 1.0),
         ),
         "engine-load",
     )
+    return loads

@@ -34,8 +34,9 @@ from contracts.kv_events import (
     decode_frames,
 )
 from contracts.tiers import Tier
+from gateway.config.settings import Settings
 from gateway.fleet.kv_replay import ReplayUnavailable, fetch_replay
-from gateway.state import AppState
+from gateway.lifetime import Lifetime
 from router.event_feed import (
     IndexSink,
     SeqStatus,
@@ -44,7 +45,7 @@ from router.event_feed import (
     drop_publisher,
     elsewhere_of,
 )
-from router.index import ARRAY
+from router.index import ARRAY, PrefixIndex
 
 log = logging.getLogger("warmgate.kv_events")
 
@@ -339,43 +340,44 @@ class KvEventConsumer:
             self.metrics.batches.labels(stats.instance, outcome).inc()
 
 
-async def attach_kv_events(state: AppState) -> None:
+async def start_kv_events(
+    settings: Settings,
+    index: PrefixIndex,
+    registry: CollectorRegistry,
+    life: Lifetime,
+    tiers: Mapping[str, tuple[Tier, ...]],
+) -> KvEventConsumer | None:
     """Called from the gateway's lifespan: consume each instance's KV events when enabled
-    (and its tierd's, `gateway.fleet.tierd_events`)."""
-    from gateway.fleet.tierd_events import attach_tierd_events, engine_tiers  # imports this module
-
-    cfg = state.settings.kv_events
-    endpoints = {
-        i.id: i.kv_events_endpoint for i in state.settings.instances if i.kv_events_endpoint
-    }
+    (`tiers`: the tiers an engine owns where its tierd publishes the others); None when not."""
+    cfg = settings.kv_events
+    endpoints = {i.id: i.kv_events_endpoint for i in settings.instances if i.kv_events_endpoint}
     replays = {
         i.id: i.kv_events_replay_endpoint
-        for i in state.settings.instances
+        for i in settings.instances
         if i.kv_events_endpoint and i.kv_events_replay_endpoint
     }
     if not cfg.enabled:
-        return
+        return None
     if not endpoints:  # instances added at runtime may bring theirs (gateway.fleet.runtime)
         log.warning("kv_events.enabled but no configured instance has a kv_events_endpoint")
     consumer = KvEventConsumer(
-        state.router.index,
+        index,
         endpoints,
         topic=cfg.topic,
-        metrics=KvEventMetrics(state.metrics.registry),
+        metrics=KvEventMetrics(registry),
         replay_endpoints=replays,
         block_size=(
-            state.settings.routing.precise.effective_block_size
-            if state.settings.routing.mode == "precise"
+            settings.routing.precise.effective_block_size
+            if settings.routing.mode == "precise"
             else None
         ),
-        tiers=engine_tiers(state.settings),
+        tiers=dict(tiers),
     )
     await consumer.start()
-    state.kv_events = consumer
-    state.closers.append(consumer.close)
+    life.closers.append(consumer.close)
 
     async def readiness() -> dict[str, Any]:
         return {"ok": True, "required": False, "sources": consumer.stats()}
 
-    state.readiness["kv_events"] = readiness
-    await attach_tierd_events(state)
+    life.readiness["kv_events"] = readiness
+    return consumer

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from contracts.errors import AdminError
@@ -160,7 +160,7 @@ class Fleet:
         if state.kv_events is None and (spec.kv_events_endpoint or spec.tierd_events_endpoint):
             log.warning("instance %s: its events need kv_events.enabled at startup", spec.id)
         if state.prefetch.available and not _running(state, "tier-stats"):
-            state.spawn(run_poller(state), "tier-stats")
+            state.spawn(tier_stats_poller(state), "tier-stats")
         state.spawn(state.health.check(spec.id), f"first-check:{spec.id}")
 
     def _leave(self, instance_id: str) -> None:
@@ -240,3 +240,15 @@ async def attach_fleet(state: AppState) -> None:
     state.fleet = fleet
     state.closers.append(fleet.store.close)
     state.spawn(fleet.run(), "fleet")
+
+
+def tier_stats_poller(state: AppState) -> Coroutine[Any, Any, None]:
+    """The tierd stats poller over this app's parts (started at startup, or when the first
+    instance with a tierd joins)."""
+    return run_poller(
+        state.prefetch.clients,
+        state.router.policy,
+        state.tier_stats,
+        interval_s=state.settings.tiers.stats_interval_s,
+        timeout_s=state.settings.health.timeout_s,
+    )

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contracts.tiers import Tier
-from gateway.state import AppState
+from router.policies.base import Policy
+from tierd.client import TierdClient
 
 log = logging.getLogger("warmgate.tiers")
 
@@ -44,26 +45,39 @@ def extract_bandwidths(stats: Mapping[str, Any]) -> dict[str, float]:
     return _pick(stats.get("bandwidths"))
 
 
-async def poll_once(state: AppState) -> None:
-    for instance, client in list(state.prefetch.clients.items()):
+async def poll_once(
+    clients: Mapping[str, TierdClient],
+    policy: Policy,
+    into: dict[str, dict[str, Any]],
+    timeout_s: float,
+) -> None:
+    """Each tierd's stats into `into` (by instance), its bandwidths to the routing policy."""
+    for instance, client in list(clients.items()):
         try:
-            stats = await asyncio.wait_for(client.stats(), timeout=state.settings.health.timeout_s)
+            stats = await asyncio.wait_for(client.stats(), timeout=timeout_s)
         except Exception as exc:
-            state.tier_stats[instance] = {"error": f"{type(exc).__name__}: {exc}"}
+            into[instance] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         if not isinstance(stats, Mapping):
             continue
-        state.tier_stats[instance] = dict(stats)
+        into[instance] = dict(stats)
         bandwidths = extract_bandwidths(stats)
         if bandwidths:
-            state.router.policy.set_bandwidths(instance, bandwidths)
+            policy.set_bandwidths(instance, bandwidths)
 
 
-async def run_poller(state: AppState) -> None:
-    """Poll forever at `tiers.stats_interval_s` (cancelled at shutdown)."""
+async def run_poller(
+    clients: Mapping[str, TierdClient],
+    policy: Policy,
+    into: dict[str, dict[str, Any]],
+    *,
+    interval_s: float,
+    timeout_s: float,
+) -> None:
+    """Poll forever every `interval_s` (cancelled at shutdown)."""
     while True:
         try:
-            await poll_once(state)
+            await poll_once(clients, policy, into, timeout_s)
         except Exception as exc:  # a bad round is logged; the next one tries again
             log.warning("tier stats poll failed: %r", exc)
-        await asyncio.sleep(state.settings.tiers.stats_interval_s)
+        await asyncio.sleep(interval_s)

@@ -17,7 +17,8 @@ from typing import Any
 from contracts.tiers import Tier
 from gateway.config.settings import InstanceSettings, Settings
 from gateway.fleet.kv_events import KvEventConsumer
-from gateway.state import AppState
+from gateway.lifetime import Lifetime
+from router.index import PrefixIndex
 
 ENGINE_TIERS: tuple[Tier, ...] = (Tier.HBM,)
 TIERD_TIERS: tuple[Tier, ...] = (Tier.HOST, Tier.SNAPSHOT)
@@ -33,24 +34,25 @@ def engine_tiers(settings: Settings) -> dict[str, tuple[Tier, ...]]:
     return dict.fromkeys(tierd_endpoints(settings), ENGINE_TIERS)
 
 
-async def attach_tierd_events(state: AppState) -> KvEventConsumer:
-    """Consume every configured tierd's events (called by `attach_kv_events`), and those of
-    instances added at runtime (`subscribe`)."""
-    endpoints = tierd_endpoints(state.settings)
+async def start_tierd_events(
+    settings: Settings, index: PrefixIndex, life: Lifetime
+) -> KvEventConsumer:
+    """Consume every configured tierd's events (started with the engines' feed), and those
+    of instances added at runtime (`subscribe`)."""
+    endpoints = tierd_endpoints(settings)
     consumer = KvEventConsumer(
-        state.router.index,
+        index,
         endpoints,
         topic="",  # a socket of its own: nothing else arrives on it
         tiers=dict.fromkeys(endpoints, TIERD_TIERS),
     )
     await consumer.start()
-    state.tierd_events = consumer
-    state.closers.append(consumer.close)
+    life.closers.append(consumer.close)
 
     async def readiness() -> dict[str, Any]:
         return {"ok": True, "required": False, "sources": consumer.stats()}
 
-    state.readiness["tierd_events"] = readiness
+    life.readiness["tierd_events"] = readiness
     return consumer
 
 

@@ -43,7 +43,7 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
-        await enforce(state, request, parsed)
+        await enforce(state.limits, request, parsed)
         served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
         return served if call is None else answer(call, served)
     except OpenAIError as err:

@@ -20,16 +20,14 @@ import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.config.settings import StateSettings
+from gateway.pipeline.state_metrics import StateMetrics
 from router.router import Router
 from router.state.base import StateUnavailableError
 from router.state.sync import StateSync
 from router.types import Decision, RouteRequest, ordered_fallbacks
-
-if TYPE_CHECKING:
-    from gateway.pipeline.shared_state import StateMetrics
 
 
 class SessionBindings:

@@ -12,54 +12,18 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from gateway.config.settings import StateSettings
+from gateway.config.settings import Settings, StateSettings
+from gateway.lifetime import Lifetime
 from gateway.pipeline.session_bindings import SessionBindings
+from gateway.pipeline.state_metrics import StateMetrics
+from router.router import Router
 from router.state.base import SharedState, StateUnavailableError
 from router.state.memory import MemoryState
 from router.state.redis import RedisState
-from router.state.sync import StateSync, SyncConfig, SyncObservers
-
-if TYPE_CHECKING:
-    from gateway.state import AppState
-
-
-class StateMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.redis_up = Gauge(
-            "warmgate_state_redis_up",
-            "1 while the shared state store answers (always 1 for the memory backend).",
-            registry=registry,
-        )
-        self.errors = Counter(
-            "warmgate_state_errors",
-            "Shared-state calls that failed, by operation.",
-            ["op"],
-            registry=registry,
-        )
-        self.stream_batches = Counter(
-            "warmgate_state_stream_batches",
-            "Residency event batches read from the shared stream, by outcome "
-            "(ok, malformed, gap, restart).",
-            ["outcome"],
-            registry=registry,
-        )
-        self.bindings = Counter(
-            "warmgate_session_bindings",
-            "Session bindings applied, by outcome (bound, kept, redirected, moved, unavailable).",
-            ["outcome"],
-            registry=registry,
-        )
-
-    def observers(self) -> SyncObservers:
-        return SyncObservers(
-            on_up=lambda up: self.redis_up.set(1 if up else 0),
-            on_error=lambda op: self.errors.labels(op).inc(),
-            on_stream_batch=lambda outcome: self.stream_batches.labels(outcome).inc(),
-        )
+from router.state.sync import StateSync, SyncConfig
 
 
 def build_store(settings: StateSettings) -> SharedState:
@@ -73,32 +37,29 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def attach_shared_state(state: AppState) -> None:
-    """Called from the gateway's lifespan: start the shared-state tasks and the session
-    bindings of this app."""
-    settings = state.settings.state
-    metrics = StateMetrics(state.metrics.registry)
+async def start_shared_state(
+    settings: Settings, router: Router, registry: CollectorRegistry, life: Lifetime
+) -> SessionBindings:
+    """Called from the gateway's lifespan: start the shared-state tasks; the session
+    bindings of this app over them."""
+    instances = [i.id for i in settings.instances]
+    settings_state = settings.state
+    metrics = StateMetrics(registry)
     config = SyncConfig(
-        replica=settings.replica_id or default_replica_id(),
-        inflight_ttl_s=settings.inflight_ttl_s,
+        replica=settings_state.replica_id or default_replica_id(),
+        inflight_ttl_s=settings_state.inflight_ttl_s,
         observers=metrics.observers(),
     )
-    sync = StateSync(
-        build_store(settings),
-        state.router.index,
-        state.router.load,
-        [i.id for i in state.settings.instances],
-        config,
-    )
-    runtime = SessionBindings(sync, state.router, settings, metrics)
+    sync = StateSync(build_store(settings_state), router.index, router.load, instances, config)
+    runtime = SessionBindings(sync, router, settings_state, metrics)
     try:
         await sync.call("ping", sync.store.ping, config.call_timeout_s * 4)
         await sync.bootstrap()
     except StateUnavailableError:
         pass  # the loops retry; routing goes on from local state meanwhile
-    state.bindings = runtime
-    state.readiness["shared_state"] = runtime.readiness
-    state.closers.append(runtime.close)
-    state.spawn(sync.run_inflight_sync(), "shared-inflight")
-    state.spawn(sync.run_stream(), "shared-stream")
-    state.spawn(sync.run_snapshots(), "shared-snapshots")
+    life.readiness["shared_state"] = runtime.readiness
+    life.closers.append(runtime.close)
+    life.spawn(sync.run_inflight_sync(), "shared-inflight")
+    life.spawn(sync.run_stream(), "shared-stream")
+    life.spawn(sync.run_snapshots(), "shared-snapshots")
+    return runtime

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.fleet.kv_events import KvEventMetrics
 from gateway.observe.metrics import GatewayMetrics
-from gateway.pipeline.shared_state import StateMetrics
+from gateway.pipeline.state_metrics import StateMetrics
 from tests.e2e.fleet import MODEL, Fleet
 from tests.support.procs import free_port
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config.settings import RoutingSettings, StateSettings
 from gateway.pipeline.router_build import build_router
 from gateway.pipeline.session_bindings import SessionBindings
-from gateway.pipeline.shared_state import StateMetrics
+from gateway.pipeline.state_metrics import StateMetrics
 from router.state.redis import RedisState
 from router.state.sync import StateSync, SyncConfig
 from router.types import Decision, RouteRequest
