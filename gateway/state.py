@@ -1,7 +1,8 @@
 """`AppState`: everything one gateway app owns, built in its lifespan and torn down there.
 
 The optional parts (shared state with its session bindings, the KV event consumer) are
-attached by the lifespan (`gateway.app`), each onto its own field, and use:
+built by the lifespan (`gateway.app`), each onto its own field; the state is their `Lifetime`
+(gateway/lifetime.py):
 - `background`: start long-running tasks with `spawn()`; they are cancelled at shutdown;
 - `closers`: async callables run at shutdown, last added first;
 - `readiness`: named checks reported in `/readyz` detail; a check returning `ok: False`
@@ -12,33 +13,37 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 from starlette.requests import Request
 
+from gateway.admin.ui.runtime import UiRuntime
 from gateway.config.settings import Settings
+from gateway.fleet.engine_load import EngineLoads
 from gateway.fleet.health import HealthChecker
+from gateway.fleet.kv_events import KvEventConsumer
 from gateway.http.access import Access
 from gateway.http.limits import Limiter
 from gateway.lifetime import Lifetime
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
+from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.session_bindings import SessionBindings
 from gateway.pipeline.tokens import PreciseChains
 from gateway.upstream.inflight import Inflight
 from gateway.upstream.transport import UpstreamTransport
 from router.router import Router
 
-if TYPE_CHECKING:
-    from gateway.admin.ui.live import UiRuntime
-    from gateway.fleet.engine_load import EngineLoads
-    from gateway.fleet.kv_events import KvEventConsumer
-    from gateway.fleet.runtime import Fleet
-    from gateway.pipeline.decide import RequestPipeline
-    from gateway.pipeline.session_bindings import SessionBindings
-
 log = logging.getLogger("warmgate.app")
+
+
+class FleetStatus(Protocol):
+    """What the admin views ask of the runtime fleet (gateway.fleet.runtime.Fleet), which
+    itself works over this state."""
+
+    def status_of(self, instance_id: str) -> dict[str, Any]: ...
 
 
 @dataclass(kw_only=True)
@@ -63,8 +68,8 @@ class AppState(Lifetime):
     bindings: SessionBindings | None = None  # gateway.pipeline.shared_state: cross-replica sessions
     kv_events: KvEventConsumer | None = None  # gateway.fleet.kv_events: engines' residency events
     tierd_events: KvEventConsumer | None = None  # gateway.fleet.tierd_events: tierds' events
-    fleet: Fleet | None = None  # gateway.fleet.runtime: runtime fleet changes
-    ui: UiRuntime | None = None  # gateway.admin.ui.live: the operator page's history
+    fleet: FleetStatus | None = None  # gateway.fleet.runtime.Fleet: runtime fleet changes
+    ui: UiRuntime | None = None  # gateway.admin.ui.live fills it: the operator page's history
     engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 

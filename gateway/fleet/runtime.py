@@ -223,8 +223,9 @@ def build_store(state: AppState) -> FleetStore:
 
 
 def fleet_of(state: AppState) -> Fleet:
-    assert state.fleet is not None, "gateway.fleet.runtime is attached in the lifespan"
-    return state.fleet
+    fleet = state.fleet
+    assert isinstance(fleet, Fleet), "gateway.fleet.runtime is attached in the lifespan"
+    return fleet
 
 
 async def attach_fleet(state: AppState) -> None:

@@ -12,20 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.admin.ui.engines import run_scraper
-from gateway.admin.ui.hot import HotTracker
+from gateway.admin.ui.runtime import UiRuntime
 from gateway.state import AppState
 from router.index import ARRAY
-
-
-@dataclass
-class UiRuntime:
-    history: deque[dict[str, Any]]
-    hot: HotTracker = field(default_factory=HotTracker)
-    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _tierd_hits(state: AppState) -> dict[str, int]:
