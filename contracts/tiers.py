@@ -35,6 +35,15 @@ class Tier(IntEnum):
 _LABELS = {Tier.HBM: "hbm", Tier.HOST: "host", Tier.ARRAY: "array", Tier.SNAPSHOT: "snapshot"}
 TIER_BY_LABEL: dict[str, Tier] = {t.label: t for t in Tier}
 
+# Bytes per second into HBM from each slower tier on the reference deployment (an H200
+# node), defined here once: the simulator's profiles, tierd's emulated links and the ttft
+# cost model's prior all start from these until a tierd reports measured rates.
+DEFAULT_BANDWIDTH_BPS: dict[Tier, float] = {
+    Tier.HOST: 25e9,  # host DRAM -> HBM over PCIe Gen4 x16
+    Tier.ARRAY: 10e9,  # shared NVMe-oF array, parallel reads, staged through host memory
+    Tier.SNAPSHOT: 3e9,  # compressed cold snapshots: read + decompress
+}
+
 
 class Medium:
     """The `medium` strings of KV events."""

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from contracts.tiers import Tier
+from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class CostParams:
     max_batch_tokens: int = 8192
     kv_bytes_per_token: int = 128 * 1024  # Llama-3-8B, bf16
     bandwidths: Mapping[str, float] = field(
-        default_factory=lambda: {"host": 25e9, "array": 10e9, "snapshot": 3e9}
+        default_factory=lambda: {t.label: bps for t, bps in DEFAULT_BANDWIDTH_BPS.items()}
     )
 
 

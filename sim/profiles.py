@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
+
 GIB = 1024**3
 
 
@@ -26,9 +28,9 @@ GIB = 1024**3
 class TierBandwidths:
     """Bytes per second into accelerator memory from each slower tier."""
 
-    l2_to_l1: float = 25e9  # host DRAM -> HBM over PCIe Gen4 x16 (PROTOCOLS §6)
-    array_to_l1: float = 10e9  # shared NVMe-oF array, parallel reads, staged through host
-    l3_to_l1: float = 3e9  # compressed cold snapshots: read + decompress
+    l2_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.HOST]  # host memory -> HBM
+    array_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.ARRAY]  # the shared array -> HBM
+    l3_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.SNAPSHOT]  # cold snapshots -> HBM
 
 
 @dataclass(frozen=True, slots=True)

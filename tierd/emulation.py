@@ -19,6 +19,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
+
 
 @dataclass(frozen=True, slots=True)
 class EmulationProfile:
@@ -35,16 +37,16 @@ PROFILES: dict[str, EmulationProfile] = {
         EmulationProfile(
             "qwen2.5-32b-h200",
             256 * 1024,
-            10e9,
-            3e9,
+            DEFAULT_BANDWIDTH_BPS[Tier.ARRAY],
+            DEFAULT_BANDWIDTH_BPS[Tier.SNAPSHOT],
             "Qwen2.5-32B bf16 KV (64 layers × 8 KV heads × 128 × 2 × 2 B); NVMe-oF array "
             "with parallel reads staged through host ~10 GB/s; snapshots read+zstd ~3 GB/s",
         ),
         EmulationProfile(
             "llama3-8b-h100",
             128 * 1024,
-            10e9,
-            3e9,
+            DEFAULT_BANDWIDTH_BPS[Tier.ARRAY],
+            DEFAULT_BANDWIDTH_BPS[Tier.SNAPSHOT],
             "Llama-3-8B bf16 KV (32 × 8 × 128 × 2 × 2 B); same array and snapshot links",
         ),
         EmulationProfile("zero", 256 * 1024, 0.0, 0.0, "no transfer time charged"),
