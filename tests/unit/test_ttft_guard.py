@@ -1,0 +1,126 @@
+"""The ttft policy's guard (issue 24): while its own prediction error is high, or before it
+has enough outcomes, it sends a request where `prefix` would; once the error is low it
+makes its own choice; and it never adds more than `max_added_wait_s` of predicted wait over
+prefix's choice (no unbounded deferral)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from contracts.tiers import Tier
+from router.policies.base import InstanceView, Outcome
+from router.policies.prefix import PrefixPolicy
+from router.policies.ttft import TtftPolicy
+from router.policies.ttft_records import Pending
+from router.types import RouteRequest
+
+BT = 64
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.5
+        return self.t
+
+
+def _req(blocks: int = 300) -> RouteRequest:
+    return RouteRequest(
+        model="m", block_hashes=list(range(blocks)), block_tokens=BT, prompt_tokens=blocks * BT
+    )
+
+
+def _view(name: str, *, l1: int = 0, in_flight: int = 0, queued: int = 0) -> InstanceView:
+    return InstanceView(
+        id=name,
+        in_flight=in_flight,
+        queued_prefill_tokens=queued,
+        matched_blocks={Tier.HBM: l1} if l1 else {},
+    )
+
+
+# b holds the prompt but has a minute of prefill queued: prefix keeps the cache (b), ttft's
+# scoring recomputes on the idle a
+QUEUED = [_view("a"), _view("b", l1=280, in_flight=6, queued=600_000)]
+
+
+def _observe(policy: TtftPolicy, times: int, *, off_by: float) -> None:
+    """`times` outcomes on each instance, each `off_by` x what the policy predicted there."""
+    for _ in range(times):
+        d = policy.choose(_req(), QUEUED)
+        assert isinstance(d.pending, Pending)
+        for instance in ("a", "b"):
+            policy.observe(
+                Outcome(
+                    instance=instance,
+                    prompt_tokens=_req().prompt_tokens,
+                    predicted_cached_tokens=d.pending.cached[instance],
+                    ttft_s=d.pending.predictions[instance].ttft_s * off_by,
+                    decision=d,
+                )
+            )
+
+
+def test_the_scenario_splits_prefix_and_the_scoring() -> None:
+    assert PrefixPolicy().choose(_req(), QUEUED).instance == "b"
+    free = TtftPolicy(clock=Clock(), trust_min_observations=0, max_added_wait_s=math.inf)
+    assert free.choose(_req(), QUEUED).instance == "a"
+
+
+def test_follows_prefix_before_it_has_enough_outcomes() -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20)
+    assert policy.trust("a") == 0.0
+    d = policy.choose(_req(), QUEUED)
+    assert d.instance == "b"
+    assert "guarded" in d.reason
+    _observe(policy, 19, off_by=1.0)
+    assert policy.trust("a") == 0.0  # one short
+    assert policy.choose(_req(), QUEUED).instance == "b"
+
+
+def test_switches_to_its_own_choice_once_its_error_is_low() -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20)
+    _observe(policy, 20, off_by=1.0)
+    assert policy.trust("a") > 0.5 and policy.trust("b") > 0.5
+    assert policy.choose(_req(), QUEUED).instance == "a"
+    assert policy.stats()["guarded_decisions"] == 20  # the 20 decisions before it earned trust
+
+
+def test_follows_prefix_while_its_error_is_high() -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, trust_error=0.3)
+    _observe(policy, 40, off_by=2.0)  # |log 2| = 0.69 > 0.3
+    assert policy.trust("a") == 0.0
+    assert policy.choose(_req(), QUEUED).instance == "b"
+
+
+# a holds a third of the prompt (prefix's pick) with 12 streams there; the scoring sends it
+# to the idle b for the streams it would stall, at ~1.6 s more predicted TTFT than a
+STALLS = [_view("a", l1=100, in_flight=12), _view("b")]
+
+
+def test_the_deferral_cap_bounds_the_wait_added_over_prefix() -> None:
+    assert PrefixPolicy().choose(_req(), STALLS).instance == "a"
+    trusted = {"trust_min_observations": 0}
+    wide = TtftPolicy(clock=Clock(), max_added_wait_s=3.0, **trusted)  # type: ignore[arg-type]
+    d = wide.choose(_req(), STALLS)
+    assert d.instance == "b"
+    assert isinstance(d.pending, Pending)
+    added = d.pending.predictions["b"].ttft_s - d.pending.predictions["a"].ttft_s
+    assert 1.0 < added < 3.0
+    capped = TtftPolicy(clock=Clock(), max_added_wait_s=1.0, **trusted)  # type: ignore[arg-type]
+    d = capped.choose(_req(), STALLS)
+    assert d.instance == "a"
+    assert "guarded" in d.reason
+
+
+def test_the_guard_is_typed_and_checked() -> None:
+    with pytest.raises(ValueError):
+        TtftPolicy(trust_error=0.0)
+    with pytest.raises(ValueError):
+        TtftPolicy(error_alpha=0.0)
+    with pytest.raises(ValueError):
+        TtftPolicy(max_added_wait_s=-1.0)
