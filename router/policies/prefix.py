@@ -53,6 +53,17 @@ class PrefixPolicy(Policy):
         return sum(n for t, n in view.matched_blocks.items() if t in self.count_tiers)
 
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> Decision:
+        ranked, reason = self.rank(request, candidates)
+        return make_decision(request, self.name, reason, ranked, candidates)
+
+    def target(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> str:
+        """The instance `choose` would pick, without building its decision (ttft's guard)."""
+        return self.rank(request, candidates)[0][0].id
+
+    def rank(
+        self, request: RouteRequest, candidates: Sequence[InstanceView]
+    ) -> tuple[list[InstanceView], str]:
+        """The candidates in the order `choose` ranks them (its choice first), and why."""
         loads = [v.in_flight for v in candidates]
         max_load, min_load = max(loads), min(loads)
         if (
@@ -60,7 +71,7 @@ class PrefixPolicy(Policy):
             and max_load > min_load * self.balance_rel_threshold
         ):
             reason = f"imbalanced load (max {max_load}, min {min_load}): least loaded"
-            return make_decision(request, self.name, reason, rank_by_load(candidates), candidates)
+            return rank_by_load(candidates), reason
 
         total = len(request.block_hashes)
         matched = {v.id: self._matched(v) for v in candidates}
@@ -68,13 +79,10 @@ class PrefixPolicy(Policy):
         best = ranked[0]
         rate = matched[best.id] / total if total else 0.0
         if rate > self.cache_threshold:
-            reason = f"match rate {rate:.3f} > {self.cache_threshold}: best match"
-            return make_decision(request, self.name, reason, ranked, candidates)
+            return ranked, f"match rate {rate:.3f} > {self.cache_threshold}: best match"
 
         if self.fallback == "smallest_tree":
             ranked = sorted(candidates, key=lambda v: (v.cached_blocks_total, load_key(v)))
-            reason = f"match rate {rate:.3f} <= {self.cache_threshold}: smallest tree"
-        else:
-            ranked = rank_by_load(candidates)
-            reason = f"match rate {rate:.3f} <= {self.cache_threshold}: least loaded"
-        return make_decision(request, self.name, reason, ranked, candidates)
+            return ranked, f"match rate {rate:.3f} <= {self.cache_threshold}: smallest tree"
+        reason = f"match rate {rate:.3f} <= {self.cache_threshold}: least loaded"
+        return rank_by_load(candidates), reason

@@ -381,7 +381,7 @@ class TtftPolicy(Policy):
         """The algorithm's steps 1 and 3: the candidate to use instead of `chosen` when
         `chosen` is not prefix's choice P and is untrusted or past the deferral cap over P
         (P itself or the best-scored candidate within the cap), else None."""
-        target = self.baseline.choose(request, candidates).instance
+        target = self.baseline.target(request, candidates)
         if chosen.view.id == target:
             return None
         base = next(s for s in scored if s.view.id == target)
