@@ -107,7 +107,7 @@ def test_streams_closed_right_after_done_are_completed_not_cancelled(gateway: Ga
     """The synchronous SDK closes its connection right after `data: [DONE]`; a raw client
     closing at once makes that race as tight as it can be. Each stream is complete: the
     gateway must count it ok, with the engine's usage."""
-    before = gateway.admin.api("stats")["requests"]
+    before = gateway.admin("stats")["requests"]
     body = (
         b'{"model": "%s", "stream": true, "max_tokens": 4, "ignore_eos": true, '
         b'"stream_options": {"include_usage": true}, '
@@ -131,7 +131,7 @@ def test_streams_closed_right_after_done_are_completed_not_cancelled(gateway: Ga
         # closed with a reset, before the chunked body's terminator could be read
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        after = gateway.admin.api("stats")["requests"]
+        after = gateway.admin("stats")["requests"]
         if after.get("total", 0) - before.get("total", 0) >= n:
             break
         time.sleep(0.1)
