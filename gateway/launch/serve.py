@@ -40,10 +40,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if value is not None:
             overrides[name] = value
     settings = load_settings(args.config, **overrides)
-    if args.policy:
-        settings = settings.model_copy(
-            update={"routing": settings.routing.model_copy(update={"policy": args.policy})}
+    if args.policy:  # validated as the YAML's routing.policy is: name and typed params
+        routing = type(settings.routing).model_validate(
+            {**settings.routing.model_dump(), "policy": args.policy}
         )
+        settings = settings.model_copy(update={"routing": routing})
     return settings
 
 
