@@ -46,7 +46,7 @@ from gateway.upstream.relay import (
 from gateway.upstream.resume import resumer as _resumer
 from gateway.upstream.transport import (
     Target,
-    UpstreamError,
+    TransportError,
     UpstreamLocalError,
     UpstreamTimeout,
     target_of,
@@ -211,13 +211,13 @@ async def _attempt_on(
         raise AttemptTimedOut(f"{instance}: {type(exc).__name__}: {exc}") from None
     except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
         raise AttemptLocalFailure(f"{instance}: {exc}") from None
-    except UpstreamError as exc:
+    except TransportError as exc:
         state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
         raise AttemptConnectFailed(f"{instance}: {type(exc).__name__}: {exc}") from None
     if resp.status_code >= 400:
         try:
             content = await race_disconnect(request, resp.aread())
-        except UpstreamError:
+        except TransportError:
             content = b""
         finally:
             await resp.aclose()

@@ -12,8 +12,8 @@ import httptools
 
 from gateway.upstream.transport import (
     Timeouts,
+    TransportError,
     UpstreamConnectError,
-    UpstreamError,
     UpstreamReadError,
     UpstreamTimeout,
 )
@@ -34,7 +34,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self._write_ready: asyncio.Future[None] | None = None
-        self._error: UpstreamError | None = None
+        self._error: TransportError | None = None
         self._headers: list[tuple[str, str]] = []
         self._head_done = False
         self._complete = False
@@ -96,7 +96,7 @@ class Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _fail(self, error: UpstreamError) -> None:
+    def _fail(self, error: TransportError) -> None:
         if self._error is None:
             self._error = error
         self.reusable = False

@@ -14,7 +14,7 @@ response streamed back) in one write and one parser callback per read. Other ups
   bounded by `pool_s`), at most `max_keepalive` idle; `connect_s` to connect, `read_s` for
   each wait on the engine's bytes, `write_s` for a body the socket could not take at once.
 - Reading applies back-pressure: past `HIGH_WATER` unread bytes the socket stops being read.
-- Errors are `UpstreamError`s: `UpstreamTimeout`, `UpstreamConnectError` (could not connect,
+- Errors are `TransportError`s: `UpstreamTimeout`, `UpstreamConnectError` (could not connect,
   or the connection died before a response started), `UpstreamReadError` (a malformed
   response, or one cut short).
 """

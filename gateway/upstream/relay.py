@@ -29,7 +29,7 @@ from gateway.upstream.continuation import SoFar, Stitcher, so_far
 from gateway.upstream.disconnect import Abandoned, RelayResponse, race_disconnect
 from gateway.upstream.inflight import Attempt
 from gateway.upstream.sse import SseRelay
-from gateway.upstream.transport import UpstreamError, UpstreamResponse
+from gateway.upstream.transport import TransportError, UpstreamResponse
 
 log = logging.getLogger("warmgate.proxy")
 
@@ -127,7 +127,7 @@ async def assemble(
 
     try:
         await race_disconnect(request, consume())
-    except UpstreamError as exc:
+    except TransportError as exc:
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
@@ -147,7 +147,7 @@ async def whole(
 ) -> Response:
     try:
         content = await race_disconnect(request, resp.aread())
-    except UpstreamError as exc:
+    except TransportError as exc:
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
         with anyio.CancelScope(shield=True):
@@ -192,7 +192,7 @@ async def stream(
     it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
     try:
         first = await race_disconnect(request, _first_chunk(it), attempt.abandoned)
-    except (UpstreamError, Abandoned) as exc:
+    except (TransportError, Abandoned) as exc:
         await resp.aclose()
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     except BaseException:
@@ -277,7 +277,7 @@ class _Relay:
                             yield piece
                     if self.relay.error is None and not self.relay.saw_done:
                         failure, detail = "truncated", "ended the stream early"
-                except UpstreamError as exc:
+                except TransportError as exc:
                     failure, detail = "midstream", f"failed mid-stream ({type(exc).__name__})"
                 if failure is None:
                     break

@@ -11,7 +11,7 @@ from gateway.pipeline.accounting import RequestAccounting
 from gateway.state import AppState
 from gateway.upstream.continuation import SoFar, continuation_body
 from gateway.upstream.relay import Resume, Resumed
-from gateway.upstream.transport import UpstreamError, target_of
+from gateway.upstream.transport import TransportError, target_of
 
 log = logging.getLogger("warmgate.proxy")
 
@@ -39,7 +39,7 @@ def resumer(
             target = target_of(state.health.instance_url(instance) + path)
             try:
                 resp = await state.upstream.post(target, headers, raw, t.first_byte_s)
-            except UpstreamError as exc:
+            except TransportError as exc:
                 inflight.end(attempt)
                 log.info("continuation on %s failed: %s", instance, exc)
                 continue
@@ -47,7 +47,7 @@ def resumer(
             it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
             try:
                 first = await anext(it, b"") if resp.status_code == 200 else b""
-            except UpstreamError:
+            except TransportError:
                 first = b""
             if not first:
                 await resp.aclose()

@@ -37,26 +37,26 @@ from urllib.parse import urlsplit
 from contracts.errors import UpstreamError as WarmgateUpstreamError
 
 
-class UpstreamError(WarmgateUpstreamError):
+class TransportError(WarmgateUpstreamError):
     """The upstream request failed (whichever transport carried it)."""
 
 
-class UpstreamTimeout(UpstreamError):
+class UpstreamTimeout(TransportError):
     pass
 
 
-class UpstreamConnectError(UpstreamError):
+class UpstreamConnectError(TransportError):
     pass
 
 
-class UpstreamLocalError(UpstreamError):
+class UpstreamLocalError(TransportError):
     """The gateway itself ran out (file descriptors, buffers): no fault of the engine's."""
 
 
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-class UpstreamReadError(UpstreamError):
+class UpstreamReadError(TransportError):
     pass
 
 

@@ -25,8 +25,8 @@ from gateway.upstream.transport import (
     Headers,
     Target,
     Timeouts,
+    TransportError,
     UpstreamConnectError,
-    UpstreamError,
     UpstreamLocalError,
     UpstreamReadError,
     UpstreamTimeout,
@@ -38,7 +38,7 @@ from gateway.upstream.transport_stream import StreamedResponse
 _SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
-def _mapped(exc: Exception, *, started: bool) -> UpstreamError:
+def _mapped(exc: Exception, *, started: bool) -> TransportError:
     """aiohttp's failure as the seam's class; `started`: the response head had arrived."""
     detail = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TimeoutError):

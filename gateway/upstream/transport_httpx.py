@@ -13,8 +13,8 @@ from gateway.upstream.transport import (
     Headers,
     Target,
     Timeouts,
+    TransportError,
     UpstreamConnectError,
-    UpstreamError,
     UpstreamLocalError,
     UpstreamReadError,
     UpstreamTimeout,
@@ -32,7 +32,7 @@ def _errno(exc: BaseException) -> int | None:
     return None
 
 
-def _mapped(exc: httpx.HTTPError, *, started: bool) -> UpstreamError:
+def _mapped(exc: httpx.HTTPError, *, started: bool) -> TransportError:
     """httpx's failure as the seam's class; `started`: the response head had arrived."""
     detail = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, httpx.TimeoutException):

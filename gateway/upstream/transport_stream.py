@@ -9,7 +9,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
-from gateway.upstream.transport import Headers, UpstreamError, UpstreamTimeout
+from gateway.upstream.transport import Headers, TransportError, UpstreamTimeout
 
 
 class StreamedResponse(ABC):
@@ -21,14 +21,14 @@ class StreamedResponse(ABC):
         self._read_s = read_s
         self._loop = asyncio.get_running_loop()
         self._deadline: asyncio.Timeout | None = None
-        self._error: UpstreamError | None = None
+        self._error: TransportError | None = None
         self._aborted: str | None = None
         self._ended = False  # the body was read to its end
         self._closed = False
 
     @abstractmethod
     async def _read(self) -> bytes:
-        """The next piece of the body, b"" at its end; an `UpstreamError` on failure."""
+        """The next piece of the body, b"" at its end; an `TransportError` on failure."""
 
     @abstractmethod
     async def _finish(self, reuse: bool) -> None:
@@ -46,7 +46,7 @@ class StreamedResponse(ABC):
         except TimeoutError:
             self._error = UpstreamTimeout(self._aborted or f"no data within {wait_s:g} s")
             raise self._error from None
-        except UpstreamError as exc:
+        except TransportError as exc:
             self._error = exc
             raise
         finally:

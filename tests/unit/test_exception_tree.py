@@ -56,3 +56,21 @@ def test_phases_and_old_bases_hold() -> None:
     assert issubclass(TierdError, UpstreamError) and issubclass(TierdError, RuntimeError)
     assert issubclass(AttemptRead, AttemptFailed) and AttemptRead.kind == "read"
     assert EngineServerError("x", (500, b"", {})).response == (500, b"", {})
+
+
+def test_no_two_exception_classes_share_a_name() -> None:
+    """One name, one class: an `except UpstreamError` must not depend on which one it got."""
+    seen: dict[str, str] = {}
+    twice = []
+    for name in _modules():
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue  # the engine environment's and native modules (checked above)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name or not issubclass(cls, BaseException):
+                continue
+            if cls_name in seen:
+                twice.append(f"{cls_name}: {seen[cls_name]} and {name}")
+            seen[cls_name] = name
+    assert twice == []

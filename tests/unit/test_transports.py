@@ -2,7 +2,7 @@
 `httpx`) held to one contract against real loopback servers: streaming as the bytes
 arrive, keep-alive reuse, chunked and length-framed bodies, a connection not reused after a
 response left unread or cancelled mid-stream (and its slot free again), the connection
-limit, `abort()`, and every failure mapped to its `UpstreamError` class."""
+limit, `abort()`, and every failure mapped to its `TransportError` class."""
 
 from __future__ import annotations
 
