@@ -16,6 +16,11 @@ gateway for leaks. On loopback: simulated engines, one gateway; the load is the 
    descriptors and tasks first vs last, index entries against their bound, TTFT p50/p99 of
    the first and last windows (`--window-min`), failures.
 
+`--overload` is a short, bounded run past capacity instead (`OVERLOAD`: 3 minutes measured
+at 1.2x the closed loop after half a minute's warm-up, about 5 minutes in all) for the GC
+share of the gateway's CPU: its `warmgate_gc_pause_seconds` over its CPU seconds, by
+generation, over the measured minutes and per row of the series.
+
 JSON to `--json`, a Markdown table beside it.
 """
 
@@ -41,10 +46,18 @@ from bench.soak_series import (
     ENGINE_TTFT,
     GATEWAY_GC,
     GATEWAY_TTFT,
+    gc_share,
+    histogram_sums_by,
     histogram_totals,
     machine_busy_s,
     series,
 )
+
+# `--overload`: past capacity, short; every value can still be given on the command line
+OVERLOAD = {
+    "minutes": 3.0, "share": 1.2, "warmup_min": 0.5, "capacity_s": 30.0,
+    "sample_s": 10.0, "series_s": 30.0, "window_min": 1.0,
+}  # fmt: skip
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -81,6 +94,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="diagnostic: run the gateway under tracemalloc (bench.memtrace), a snapshot "
         "every S s; the growth sites go into the JSON (slows the gateway: not a soak figure)",
     )  # fmt: skip
+    p.add_argument(
+        "--overload", action="store_true",
+        help="a short run past capacity for the GC share of the gateway's CPU: "
+        + ", ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in OVERLOAD.items())
+        + " unless given",
+    )  # fmt: skip
+    if p.parse_args(list(argv)).overload:
+        p.set_defaults(**OVERLOAD)
     return p.parse_args(list(argv))
 
 
@@ -95,6 +116,7 @@ async def _sample(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str, Any]:
             out["tasks"] = float(line.split()[1])
     out["gateway_ttft_sum"], out["gateway_ttft_count"] = histogram_totals(metrics, GATEWAY_TTFT)
     out["gateway_gc_s"] = histogram_totals(metrics, GATEWAY_GC)[0]
+    out["gateway_gc_by_generation_s"] = histogram_sums_by(metrics, GATEWAY_GC, "generation")
     engine_sum = engine_count = 0.0
     for url in fleet.engine_urls:
         s, c = histogram_totals((await client.get(f"{url}/metrics")).text, ENGINE_TTFT)
@@ -118,6 +140,18 @@ def _window(results: list[Result], t0: float, t1: float) -> dict[str, Any]:
         "failed": sum(r.status != 200 or r.failed_mid_stream for r in rs),
         "ttft_p50_s": _round(percentile(ttft, 50)),
         "ttft_p99_s": _round(percentile(ttft, 99)),
+    }
+
+
+def _gc(at_start: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's collections over the measured minutes: pause seconds, by generation,
+    and their share of its CPU seconds."""
+    a, b = at_start["gateway_gc_by_generation_s"], last["gateway_gc_by_generation_s"]
+    return {
+        "pause_s": round(last["gateway_gc_s"] - at_start["gateway_gc_s"], 3),
+        "cpu_s": round(last["cpu_s"] - at_start["cpu_s"], 3),
+        "share_of_gateway_cpu": gc_share(at_start, last),
+        "pause_s_by_generation": {g: round(b[g] - a.get(g, 0.0), 3) for g in sorted(b)},
     }
 
 
@@ -209,6 +243,7 @@ async def _soak(args: argparse.Namespace, fleet: SimFleet, load: LoadProcesses) 
         "gateway_cpu_share": round(
             (last["cpu_s"] - at_start["cpu_s"]) / (last["t"] - at_start["t"]), 3
         ),
+        "gateway_gc": _gc(at_start, last),
         "rss_warmup_start_mb": _rss_mb(samples[0]),
         "rss_start_mb": _rss_mb(at_start),
         "rss_after_first_window_mb": _rss_mb(after_first),
@@ -254,6 +289,7 @@ def memory_trace(path: Path) -> dict[str, Any]:
 def markdown(r: dict[str, Any]) -> str:
     lag = r["schedule_lag_s"]
     warm = r["warmup"]
+    gcs = r["gateway_gc"]
     rows = [
         ("capacity (closed loop) / soak rate asked / offered, req/s",
          f"{r['capacity_rps']} / {r['rate_rps']} / {r['offered_rps']}"),
@@ -261,6 +297,9 @@ def markdown(r: dict[str, Any]) -> str:
          f"{r['clients']} / {lag['p50']} / {lag['p99']} / {lag['max']}"),
         ("minutes measured / wall time of the load", f"{r['minutes']} / {r['load_wall_min']}"),
         ("gateway CPU over the measured minutes, share of one core", r["gateway_cpu_share"]),
+        ("**GC share of gateway CPU** (pause s / gateway CPU s; by generation 0 / 1 / 2)",
+         f"{gcs['share_of_gateway_cpu']} ({gcs['pause_s']} / {gcs['cpu_s']}; "
+         + " / ".join(str(v) for v in gcs["pause_s_by_generation"].values()) + ")"),
         ("warm-up before: minutes / requests / failed / RSS growth",
          "none" if warm is None else
          f"{r['warmup_minutes']} / {warm['requests']} / {warm['failed']} / "
@@ -290,7 +329,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         "", "## over time, warm-up included (TTFT in s, CPU in cores)", "",
         "| min | requests | client TTFT p50 / p99 | gateway / engines TTFT mean "
-        "| CPU gateway / engines / load / machine | gateway GC pauses "
+        "| CPU gateway / engines / load / machine | gateway GC pauses s / share of its CPU "
         "| load GC pauses total / max / full |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
@@ -298,7 +337,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"| {x['t_min']} | {x['requests']} | {x['client_ttft_p50_s']} / "
         f"{x['client_ttft_p99_s']} | {x['gateway_ttft_mean_s']} / {x['engine_ttft_mean_s']} "
         f"| {x['gateway_cpu']} / {x['engines_cpu']} / {x['client_cpu']} / {x['machine_cpu']} "
-        f"| {x['gateway_gc_pause_s']} "
+        f"| {x['gateway_gc_pause_s']} / {x.get('gateway_gc_share')} "
         f"| {x['client_gc_pause_s']} / {x['client_gc_max_s']} / {x['client_gc_full']} |"
         for x in r.get("series", [])
     ]

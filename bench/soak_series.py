@@ -36,6 +36,26 @@ def histogram_totals(text: str, name: str) -> tuple[float, float]:
     return total, count
 
 
+def histogram_sums_by(text: str, name: str, label: str) -> dict[str, float]:
+    """The sum of histogram `name` per value of `label` (e.g. GC pauses by generation)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_sum":
+                key = sample.labels.get(label, "")
+                out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def gc_share(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The gateway's GC pause seconds over its CPU seconds between two samples: the share
+    of its CPU that collections took (a pause is CPU spent collecting, the loop stopped)."""
+    cpu = float(after["cpu_s"]) - float(before["cpu_s"])
+    if cpu <= 0:
+        return None
+    return round((float(after["gateway_gc_s"]) - float(before["gateway_gc_s"])) / cpu, 4)
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (all cores), from /proc/stat."""
     with open("/proc/stat") as f:
@@ -107,6 +127,7 @@ def series(
             "client_cpu": _client_cpu_share(client_cpu, t0, t1),
             "machine_cpu": _share(a, b, "machine_busy_s", dt),
             "gateway_gc_pause_s": round(b["gateway_gc_s"] - a["gateway_gc_s"], 4),
+            "gateway_gc_share": gc_share(a, b),
             "client_gc_pause_s": round(sum(pauses), 4),
             "client_gc_max_s": round(max(pauses, default=0.0), 4),
             "client_gc_full": len(full),  # full collections: what grows with a kept heap

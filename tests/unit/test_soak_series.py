@@ -9,7 +9,7 @@ import math
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench.loadgen import Result, Rows
-from bench.soak_series import histogram_totals, series
+from bench.soak_series import gc_share, histogram_sums_by, histogram_totals, series
 from gateway.observe.gc_pauses import GcPauses
 
 
@@ -21,6 +21,19 @@ def test_histogram_totals_sum_every_label_set() -> None:
     h.labels("b").observe(1.0)
     assert histogram_totals(generate_latest(reg).decode(), "x_seconds") == (3.0, 3.0)
     assert histogram_totals(generate_latest(reg).decode(), "absent_seconds") == (0.0, 0.0)
+
+
+def test_gc_pauses_by_generation_and_their_share_of_cpu() -> None:
+    reg = CollectorRegistry()
+    h = Histogram("gc_seconds", "x", ["generation"], registry=reg)
+    h.labels("0").observe(0.25)
+    h.labels("0").observe(0.5)
+    h.labels("2").observe(2.0)
+    text = generate_latest(reg).decode()
+    assert histogram_sums_by(text, "gc_seconds", "generation") == {"0": 0.75, "2": 2.0}
+    before = {"cpu_s": 10.0, "gateway_gc_s": 1.0}
+    assert gc_share(before, {"cpu_s": 30.0, "gateway_gc_s": 6.0}) == 0.25
+    assert gc_share(before, before) is None  # no CPU spent: no share
 
 
 def _sample(t: float, n: float, **kw: float) -> dict[str, float]:
@@ -59,6 +72,7 @@ def test_series_puts_each_figure_in_its_interval() -> None:
     assert first["machine_cpu"] == 6.0
     assert first["gateway_ttft_mean_s"] == 0.02 and first["engine_ttft_mean_s"] == 0.01
     assert first["gateway_gc_pause_s"] == round(4 * 0.5, 4)
+    assert first["gateway_gc_share"] == round(0.5 / 30.0, 4)
     assert first["client_gc_pause_s"] == 0.021 and first["client_gc_max_s"] == 0.02
     assert first["client_gc_full"] == 1 and second["client_gc_full"] == 0
     assert first["client_cpu"] == 0.5 and second["client_cpu"] == 0.5
