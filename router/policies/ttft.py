@@ -2,21 +2,16 @@
 predicted to be lowest, counting what that choice costs the requests after it, but never
 on predictions it has not earned the right to trust.
 
-Algorithm (the guard, issue 24: do no harm while uncertain, no unbounded deferral):
-1. `prefix` (the SGLang cache-aware baseline, router/policies/prefix.py, at its defaults)
-   picks P for the request; ttft scores every candidate as below.
-2. Each instance carries the policy's own prediction error: an EWMA (weight
-   `error_alpha`) of |log(observed TTFT / predicted TTFT)| over the outcomes `observe`
-   pairs with their predictions, and their count. Its trust is
-   `max(0, 1 - error / trust_error)`, and 0 until it has `trust_min_observations`.
-3. A candidate X may be chosen instead of P only when both X and P are trusted (trust > 0)
-   and X's predicted TTFT is at most P's plus `max_added_wait_s x min(trust X, trust P)`.
-   The choice is the best-scored of P and those candidates (near-ties as below).
-So while the error is high, or before enough outcomes, ttft sends the request where
-`prefix` would; it trades cache for queue (or a request's own wait for the fleet's) only
-as its error falls, and even then adds at most `max_added_wait_s` of predicted wait to a
-request over prefix's choice: under overload no request is deferred without bound.
-(`max_added_wait_s=inf`, `trust_min_observations=0` and `trust_error=inf` turn it off.)
+The rule (issue 24, item 2): while the policy's own prediction error is high, it chooses as
+`prefix` would (the SGLang cache-aware baseline): it falls back to prefix's choice. It earns
+the right to trade cache for queue only as its error falls, one instance at a time, and
+even then adds at most a bounded wait over prefix's choice. The guard that applies the
+rule (error tracking, trust, the deferral cap) is router/policies/ttft_guard.py, whose
+docstring states it step by step. What makes the error fall fast is calibration: every
+paired outcome (`observe`), and before any routed request the instance's join probe
+(`calibrate`, the gateway's gateway/fleet/calibration_probe.py): a few cold prompts of known
+sizes whose measured TTFTs price the engine at its real speed, so the generic prior stops
+mattering at once.
 
 The scoring:
 
@@ -98,8 +93,8 @@ from typing import Any
 from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
 from router.footprints import SessionFootprints
 from router.policies.base import InstanceView, Outcome, Policy
-from router.policies.prefix import PrefixPolicy
 from router.policies.scoring import cached_tokens_by_tier
+from router.policies.ttft_guard import TrustGuard
 from router.policies.ttft_records import Pending, Scored, explain, tie_key
 from router.types import (
     Decision,
@@ -163,10 +158,6 @@ class TtftPolicy(Policy):
             raise ValueError("load_cap must be >= 1")
         if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
             raise ValueError("kv_capacity_tokens must be positive")
-        if trust_error <= 0 or trust_min_observations < 0 or max_added_wait_s < 0:
-            raise ValueError("trust_error must be > 0, trust thresholds and caps >= 0")
-        if not 0 < error_alpha <= 1:
-            raise ValueError("error_alpha must be in (0, 1]")
         base = cost_params(params)
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
@@ -188,21 +179,17 @@ class TtftPolicy(Policy):
         self.kv_capacity_tokens = kv_capacity_tokens
         self._kv_capacity: dict[str, int] = {}
         self.footprints = SessionFootprints(default_window_s=session_window_s)
-        self.trust_error = trust_error
-        self.trust_min_observations = trust_min_observations
-        self.error_alpha = error_alpha
-        self.max_added_wait_s = max_added_wait_s
-        self.baseline = PrefixPolicy()
-        self._error: dict[str, float] = {}  # EWMA of |log(observed / predicted TTFT)|
-        self._observed: dict[str, int] = {}  # outcomes paired with a prediction
-        self.guarded_decisions = 0  # decisions where the guard overrode ttft's own choice
+        self.guard = TrustGuard(
+            trust_error=trust_error,
+            trust_min_observations=trust_min_observations,
+            error_alpha=error_alpha,
+            max_added_wait_s=max_added_wait_s,
+        )
 
     def trust(self, instance: str) -> float:
-        """How far the policy trusts its predictions for `instance`: 0 (follow `prefix`)
-        until it has `trust_min_observations`, then `1 - error / trust_error`, at least 0."""
-        if self._observed.get(instance, 0) < self.trust_min_observations:
-            return 0.0
-        return max(0.0, 1.0 - self._error.get(instance, 0.0) / self.trust_error)
+        """How far the policy trusts its predictions for `instance` (router/policies/
+        ttft_guard.py): 0 means it follows `prefix` there."""
+        return self.guard.trust(instance)
 
     def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
         """Measured bytes/s per tier label ("host", "array", "snapshot") into `instance`'s HBM."""
@@ -336,10 +323,10 @@ class TtftPolicy(Policy):
         best = min(s.score for s in allowed)
         ties = [s for s in allowed if s.score <= best + max(self.tie_abs_s, self.tie_rel * best)]
         chosen = ties[0] if len(ties) == 1 else min(ties, key=tie_key(request.session_key))
-        guard = self._guard(request, candidates, scored, allowed, chosen)
+        guard = self.guard.override(request, candidates, scored, allowed, chosen)
         if guard is not None:
             chosen = guard
-            self.guarded_decisions += commit
+            self.guard.guarded_decisions += commit
         ranked = sorted(scored, key=lambda s: (s.view.in_flight >= cap, s.score))
         reason = f"lowest predicted TTFT {chosen.pred.ttft_s:.3f}s (score {chosen.score:.3f})"
         if len(ties) > 1:
@@ -370,39 +357,6 @@ class TtftPolicy(Policy):
             else None,
         )
 
-    def _guard(
-        self,
-        request: RouteRequest,
-        candidates: Sequence[InstanceView],
-        scored: list[Scored],
-        allowed: list[Scored],
-        chosen: Scored,
-    ) -> Scored | None:
-        """The algorithm's steps 1 and 3: the candidate to use instead of `chosen` when
-        `chosen` is not prefix's choice P and is untrusted or past the deferral cap over P
-        (P itself or the best-scored candidate within the cap), else None."""
-        target = self.baseline.target(request, candidates)
-        if chosen.view.id == target:
-            return None
-        base = next(s for s in scored if s.view.id == target)
-        trust_base = self.trust(target)
-        if trust_base > 0.0:
-            limit_s = base.pred.ttft_s + self.max_added_wait_s * min(
-                trust_base, self.trust(chosen.view.id)
-            )
-            if self.trust(chosen.view.id) > 0.0 and chosen.pred.ttft_s <= limit_s:
-                return None
-            eligible = [
-                s
-                for s in allowed
-                if (t := min(trust_base, self.trust(s.view.id))) > 0.0
-                and s.pred.ttft_s <= base.pred.ttft_s + self.max_added_wait_s * t
-            ]
-            best = min(eligible, key=lambda s: s.score, default=base)
-            if best.score < base.score:
-                base = best
-        return base
-
     def observe(self, outcome: Outcome) -> None:
         """Calibrate on the outcome, against the prediction made for the instance it ran on
         (its decision's record: no lookup by sizes that equal requests share)."""
@@ -413,14 +367,8 @@ class TtftPolicy(Policy):
             if outcome.reported_cached_tokens is not None
             else outcome.predicted_cached_tokens
         )
-        if pred is not None and outcome.ttft_s is not None and outcome.ttft_s > 0 < pred.ttft_s:
-            error = abs(math.log(outcome.ttft_s / pred.ttft_s))
-            previous = self._error.get(outcome.instance)
-            a = self.error_alpha
-            self._error[outcome.instance] = (
-                error if previous is None else (1.0 - a) * previous + a * error
-            )
-            self._observed[outcome.instance] = self._observed.get(outcome.instance, 0) + 1
+        if pred is not None and outcome.ttft_s is not None:
+            self.guard.record(outcome.instance, outcome.ttft_s, pred.ttft_s)
         self.model.observe(
             outcome.instance,
             prompt_tokens=outcome.prompt_tokens,
@@ -437,9 +385,7 @@ class TtftPolicy(Policy):
             "reuse_price": self.reuse.price,
             "reuse_lost_share": self.reuse.lost_share,
             "saturated_decisions": self.saturated_decisions,
-            "guarded_decisions": self.guarded_decisions,
-            "prediction_error": dict(self._error),
-            "trust": {i: self.trust(i) for i in sorted(self._observed)},
+            **self.guard.stats(),
             "kv_capacity_tokens": {
                 i: self._kv_capacity.get(i, self.kv_capacity_tokens) for i in known
             },

@@ -1,0 +1,114 @@
+"""The `ttft` policy's guard (issue 24: do no harm while uncertain, no unbounded deferral).
+
+Algorithm:
+1. `prefix` (the SGLang cache-aware baseline, router/policies/prefix.py, at its defaults)
+   picks P for the request; the policy scores every candidate (router/policies/ttft.py)
+   and makes its own choice C.
+2. Each instance carries the policy's own prediction error: an EWMA (weight `error_alpha`)
+   of |log(observed TTFT / predicted TTFT)| over the outcomes the policy pairs with their
+   predictions, and their count. Its trust is `max(0, 1 - error / trust_error)`, and 0
+   until it has `trust_min_observations`.
+3. C stands when C is P, or when both C and P are trusted (trust > 0) and C's predicted
+   TTFT is at most P's plus `max_added_wait_s x min(trust C, trust P)` (the deferral cap).
+   Otherwise the choice is the best-scored of P and the candidates within that cap of P
+   (P alone while P is untrusted).
+So while the error is high, or before enough outcomes, the request goes where `prefix`
+would send it; the policy trades cache for queue (or a request's own wait for the
+fleet's) only as its error falls, and even then adds at most `max_added_wait_s` of
+predicted wait to a request over prefix's choice: under overload no request is deferred
+without bound. (`max_added_wait_s=inf`, `trust_min_observations=0` and `trust_error=inf`
+turn it off.)
+
+The guard keeps no prediction of its own: it reads the scored candidates the policy hands
+it, and learns only from (observed, predicted) pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from router.policies.base import InstanceView
+from router.policies.prefix import PrefixPolicy
+from router.policies.ttft_records import Scored
+from router.types import RouteRequest
+
+
+class TrustGuard:
+    """Per-instance prediction error, the trust it earns, and the override of step 3."""
+
+    def __init__(
+        self,
+        *,
+        trust_error: float = 0.3,
+        trust_min_observations: int = 20,
+        error_alpha: float = 0.1,
+        max_added_wait_s: float = 1.0,
+    ) -> None:
+        if trust_error <= 0 or trust_min_observations < 0 or max_added_wait_s < 0:
+            raise ValueError("trust_error must be > 0, trust thresholds and caps >= 0")
+        if not 0 < error_alpha <= 1:
+            raise ValueError("error_alpha must be in (0, 1]")
+        self.trust_error = trust_error
+        self.trust_min_observations = trust_min_observations
+        self.error_alpha = error_alpha
+        self.max_added_wait_s = max_added_wait_s
+        self.baseline = PrefixPolicy()
+        self.error: dict[str, float] = {}  # EWMA of |log(observed / predicted TTFT)|
+        self.observed: dict[str, int] = {}  # outcomes paired with a prediction
+        self.guarded_decisions = 0  # decisions where the guard overrode the policy's choice
+
+    def trust(self, instance: str) -> float:
+        """How far predictions for `instance` are trusted: 0 (follow `prefix`) until it has
+        `trust_min_observations`, then `1 - error / trust_error`, at least 0."""
+        if self.observed.get(instance, 0) < self.trust_min_observations:
+            return 0.0
+        return max(0.0, 1.0 - self.error.get(instance, 0.0) / self.trust_error)
+
+    def record(self, instance: str, observed_s: float, predicted_s: float) -> None:
+        """One outcome on `instance` paired with its prediction (both positive)."""
+        if not (observed_s > 0.0 and predicted_s > 0.0):
+            return
+        error = abs(math.log(observed_s / predicted_s))
+        previous = self.error.get(instance)
+        a = self.error_alpha
+        self.error[instance] = error if previous is None else (1.0 - a) * previous + a * error
+        self.observed[instance] = self.observed.get(instance, 0) + 1
+
+    def override(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[InstanceView],
+        scored: list[Scored],
+        allowed: list[Scored],
+        chosen: Scored,
+    ) -> Scored | None:
+        """Step 3: the candidate to use instead of `chosen` (prefix's choice P, or the
+        best-scored candidate within the deferral cap of P), or None when `chosen` stands."""
+        target = self.baseline.target(request, candidates)
+        if chosen.view.id == target:
+            return None
+        base = next(s for s in scored if s.view.id == target)
+        trust_base = self.trust(target)
+        if trust_base > 0.0:
+            trust_chosen = self.trust(chosen.view.id)
+            limit_s = base.pred.ttft_s + self.max_added_wait_s * min(trust_base, trust_chosen)
+            if trust_chosen > 0.0 and chosen.pred.ttft_s <= limit_s:
+                return None
+            eligible = [
+                s
+                for s in allowed
+                if (t := min(trust_base, self.trust(s.view.id))) > 0.0
+                and s.pred.ttft_s <= base.pred.ttft_s + self.max_added_wait_s * t
+            ]
+            best = min(eligible, key=lambda s: s.score, default=base)
+            if best.score < base.score:
+                base = best
+        return base
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "guarded_decisions": self.guarded_decisions,
+            "prediction_error": dict(self.error),
+            "trust": {i: self.trust(i) for i in sorted(self.observed)},
+        }
