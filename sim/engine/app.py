@@ -119,6 +119,8 @@ def create_app(config: EngineConfig) -> FastAPI:
             if chat
             else [*parse_prompts(body)]
         )
+        if not config.token_ids:
+            params.return_token_ids = False  # an engine that does not know the field
         if params.session is None:
             params.session = request.headers.get("x-session-id")
         seqs = [await engine.prepare(params, p) for p in prompts]
@@ -134,7 +136,7 @@ def create_app(config: EngineConfig) -> FastAPI:
             raise
         if params.stream:
             return AbortingStream(
-                sse_frames(seqs, shape, params.include_usage),
+                sse_frames(seqs, shape, params.include_usage, params.return_token_ids),
                 on_close=partial(abort_all, engine, seqs),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
@@ -152,7 +154,8 @@ def create_app(config: EngineConfig) -> FastAPI:
                 await disconnect
         if done.cancelled():
             return Response(status_code=499)
-        return JSONResponse(shape.full(done.result(), total_usage(seqs)))
+        ids = [(s.prompt_ids, s.output_ids) for s in seqs] if params.return_token_ids else None
+        return JSONResponse(shape.full(done.result(), total_usage(seqs), ids))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -39,6 +39,7 @@ class EngineConfig:
     kv_events_topic: str = "kv-events"
     kv_events_encoding: str = "map"
     log_level: str = "warning"
+    token_ids: bool = True  # honour `return_token_ids` (False: ignore it, as older engines)
 
 
 ENV_PREFIX = "WARMGATE_ENGINE__"
@@ -96,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     _option(p, "--kv-events-topic", "kv-events")
     _option(p, "--kv-events-encoding", "map", choices=ENCODINGS)
     _option(p, "--log-level", "warning")
+    _option(
+        p,
+        "--token-ids",
+        "returned",
+        choices=("returned", "ignored"),
+        help="return_token_ids honoured as vLLM does, or ignored as engines that lack it",
+    )
     return p
 
 
@@ -125,4 +133,5 @@ def parse_config(argv: Sequence[str] | None = None) -> EngineConfig:
         kv_events_topic=a.kv_events_topic,
         kv_events_encoding=a.kv_events_encoding,
         log_level=a.log_level,
+        token_ids=a.token_ids == "returned",
     )

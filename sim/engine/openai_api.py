@@ -61,6 +61,7 @@ class GenerationParams:
     seed: int | None = None
     cache_salt: str | None = None
     session: str | None = None  # prompt_cache_key, else user: whose KV this is
+    return_token_ids: bool = False  # vLLM's: prompt and generated token ids in the answer
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -139,6 +140,7 @@ def parse_params(body: dict[str, Any], *, chat: bool) -> GenerationParams:
         ignore_eos=_opt_bool(body, "ignore_eos"),
         seed=seed,
         cache_salt=salt or None,
+        return_token_ids=_opt_bool(body, "return_token_ids"),
     )
 
 
@@ -224,8 +226,13 @@ class ResponseShape:
             self.request_id = new_id("chatcmpl" if self.chat else "cmpl")
 
     def full(
-        self, choices: Sequence[tuple[str, str | None]], use: dict[str, Any]
+        self,
+        choices: Sequence[tuple[str, str | None]],
+        use: dict[str, Any],
+        ids: Sequence[tuple[list[int], list[int]]] | None = None,
     ) -> dict[str, Any]:
+        """The whole answer; with `ids` (each choice's prompt and output token ids, asked
+        with `return_token_ids`) placed as vLLM places them."""
         out: list[dict[str, Any]] = []
         for i, (text, finish_reason) in enumerate(choices):
             choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": finish_reason}
@@ -233,8 +240,12 @@ class ResponseShape:
                 choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
             else:
                 choice["text"] = text
+            if ids is not None:
+                choice["token_ids"] = ids[i][1]
+                if not self.chat:
+                    choice["prompt_token_ids"] = ids[i][0]
             out.append(choice)
-        return {
+        body: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
@@ -242,6 +253,9 @@ class ResponseShape:
             "choices": out,
             "usage": use,
         }
+        if ids is not None and self.chat:
+            body["prompt_token_ids"] = ids[0][0]
+        return body
 
     def chunk(
         self,
@@ -251,7 +265,12 @@ class ResponseShape:
         index: int = 0,
         first: bool = False,
         with_usage_field: bool = False,
+        token_ids: Sequence[int] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> dict[str, Any]:
+        """One SSE chunk. `token_ids` (this chunk's generated ids) and `prompt_token_ids`
+        are vLLM's `return_token_ids` fields: the prompt's ids on a chat stream's opening
+        chunk, at the top; in a completions stream's first choice chunk, in the choice."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": None,
@@ -259,11 +278,15 @@ class ResponseShape:
         }
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            if text or first:
+            if text or first or token_ids is not None:
                 delta["content"] = text
             choice["delta"] = delta
         else:
             choice["text"] = text
+            if prompt_token_ids is not None:
+                choice["prompt_token_ids"] = list(prompt_token_ids)
+        if token_ids is not None:
+            choice["token_ids"] = list(token_ids)
         out: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -273,6 +296,8 @@ class ResponseShape:
         }
         if with_usage_field:
             out["usage"] = None
+        if self.chat and prompt_token_ids is not None:
+            out["prompt_token_ids"] = list(prompt_token_ids)
         return out
 
     def usage_chunk(self, use: dict[str, Any]) -> dict[str, Any]:

@@ -246,7 +246,7 @@ class Scheduler:
             if seq.last_token_at is not None:
                 self.metrics.on_inter_token(now - seq.last_token_at)
             seq.last_token_at = now
-        seq.queue.put_nowait(StepOutput(seq.output.delta(reason is not None), 1, reason))
+        seq.queue.put_nowait(StepOutput(seq.output.delta(reason is not None), 1, reason, (tid,)))
         if reason is not None:
             self._finish(seq, reason)
 

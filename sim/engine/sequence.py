@@ -13,11 +13,13 @@ from sim.engine.tiers import TierPlan
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """What one scheduler step produced for a sequence: new text and maybe its end."""
+    """What one scheduler step produced for a sequence: new text, the token ids generated
+    (the text may lag them: stop strings hold text back) and maybe its end."""
 
     text: str
     num_tokens: int
     finish_reason: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass

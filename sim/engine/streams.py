@@ -76,17 +76,34 @@ async def _outputs(seqs: Sequence[Seq]) -> AsyncIterator[tuple[int, StepOutput]]
 
 
 async def sse_frames(
-    seqs: Sequence[Seq], shape: ResponseShape, include_usage: bool
+    seqs: Sequence[Seq], shape: ResponseShape, include_usage: bool, token_ids: bool = False
 ) -> AsyncIterator[bytes]:
-    """The SSE frames of a streamed response."""
+    """The SSE frames of a streamed response. With `token_ids` (the request's
+    `return_token_ids`), as vLLM: every step's chunk carries the ids it generated, even one
+    whose text is held back, and the prompt's ids come once per choice."""
     started: set[int] = set()
     async for i, out in _outputs(seqs):
+        prompt_ids = seqs[i].prompt_ids if token_ids and i not in started else None
         if shape.chat and i not in started:
-            yield sse(shape.chunk("", None, index=i, first=True, with_usage_field=include_usage))
+            opening = shape.chunk(
+                "",
+                None,
+                index=i,
+                first=True,
+                with_usage_field=include_usage,
+                prompt_token_ids=prompt_ids,
+            )
+            yield sse(opening)
+            prompt_ids = None
         started.add(i)
-        if out.text or out.finish_reason is not None:
+        if out.text or out.finish_reason is not None or token_ids:
             chunk = shape.chunk(
-                out.text, out.finish_reason, index=i, with_usage_field=include_usage
+                out.text,
+                out.finish_reason,
+                index=i,
+                with_usage_field=include_usage,
+                token_ids=out.token_ids if token_ids else None,
+                prompt_token_ids=prompt_ids,
             )
             yield sse(chunk)
     if include_usage:

@@ -168,6 +168,42 @@ def test_completions_plain_stream_and_token_ids(client: httpx.Client) -> None:
     assert by_ids["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_return_token_ids_as_vllm_places_them(client: httpx.Client) -> None:
+    """`return_token_ids`: a chat stream's opening chunk holds the prompt's ids (those
+    /tokenize gives), a completions stream's first choice chunk too; every step's chunk its
+    generated ids; the plain answers hold the same ids; without the field, none of it."""
+    req = chat("The lantern of the northern keep", max_tokens=12, stop=["zzz"])
+    prompt_ids = client.post("/tokenize", json={"messages": req["messages"]}).json()["tokens"]
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**req, "stream": True, "return_token_ids": True}
+    ) as r:
+        events = sse_events(r)[:-1]
+    assert events[0]["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in e for e in events[1:])
+    steps = [e["choices"][0] for e in events[1:]]
+    assert all(len(c["token_ids"]) == 1 for c in steps) and len(steps) == 12
+    generated = [t for c in steps for t in c["token_ids"]]
+    plain = client.post("/v1/chat/completions", json={**req, "return_token_ids": True}).json()
+    assert plain["prompt_token_ids"] == prompt_ids
+    assert plain["choices"][0]["token_ids"] == generated
+    text = "".join(c["delta"].get("content", "") for c in steps)
+    assert text == plain["choices"][0]["message"]["content"]
+    # the ids continue the answer: a completions prompt of the prompt's ids and the first
+    # five generated ones gives ids of its own (the simulator's text is a function of its
+    # prompt), reported the completions way
+    cont = {"model": MODEL, "prompt": prompt_ids + generated[:5], "max_tokens": 4}
+    with client.stream(
+        "POST", "/v1/completions", json={**cont, "stream": True, "return_token_ids": True}
+    ) as r:
+        cevents = sse_events(r)[:-1]
+    assert cevents[0]["choices"][0]["prompt_token_ids"] == prompt_ids + generated[:5]
+    assert all("prompt_token_ids" not in e["choices"][0] for e in cevents[1:])
+    assert sum(len(e["choices"][0]["token_ids"]) for e in cevents) == 4
+    with client.stream("POST", "/v1/chat/completions", json={**req, "stream": True}) as r:
+        bare = sse_events(r)[:-1]
+    assert not any("token_ids" in json.dumps(e) for e in bare)
+
+
 def test_batched_completion_prompts_get_one_choice_each(client: httpx.Client) -> None:
     prompts = ["The old tower", "The river keep at dusk", "A merchant of Saltmere"]
     singles = [
