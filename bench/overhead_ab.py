@@ -15,6 +15,12 @@ text chunk):
   evenly spaced arrivals, at most 64 in flight, latency from scheduled arrival);
   `added_p50 = p50(gateway) - p50(direct)`, the same for p99.
 
+`--peers smg` puts peers (bench.peers: smg, sglang-router, ...) in the same rounds, measured
+the same way (CPU of the peer's process, all its threads), for the added p50 against smg's.
+`--py-spy S` records the first warmgate with py-spy (`--native`, S seconds, 250 samples/s)
+over a sequential stretch of that many seconds after the rounds, written beside `--out`
+(`<out>-py-spy.txt`, collapsed stacks), the rounds' figures unaffected.
+
 The load generator, the gateways and the engine share the machine's cores; the rounds show
 how far the figures move between repeats, which is the noise any difference must beat.
 Writes `<out>.json` and `<out>.md`.
@@ -40,7 +46,17 @@ import httpx
 import yaml
 
 from bench.overhead import MODES, _body, _one, run_step
-from bench.peers import REPO, Fleet, FleetSpec, Gateway, Proc, free_port
+from bench.peers import (
+    REPO,
+    SMG_POLICIES,
+    Fleet,
+    FleetSpec,
+    Gateway,
+    Proc,
+    free_port,
+    peer_missing,
+    start_gateway,
+)
 from bench.report import machine
 
 TRANSPORTS = ("h1pool", "aiohttp", "httpx")
@@ -95,7 +111,7 @@ async def measure_round(
     rate: float,
     requests: int,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """One round: every transport in `order`, both modes; {transport: {mode: figures}}."""
+    """One round: every gateway in `order`, both modes; {gateway: {mode: figures}}."""
     limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=STREAMS)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     async with (
@@ -160,7 +176,7 @@ def render(result: dict[str, Any]) -> str:
         "",
         "Median over the rounds, [min – max] in brackets:",
         "",
-        "| transport | mode | CPU ms/request | added p50 ms | added p99 ms | errors |",
+        "| gateway | mode | CPU ms/request | added p50 ms | added p99 ms | errors |",
         "|---|---|---:|---:|---:|---:|",
     ]
 
@@ -174,7 +190,7 @@ def render(result: dict[str, Any]) -> str:
             row = " | ".join(cell(per[k]) for k in METRICS)
             lines.append(f"| {transport} | {mode} | {row} | {per['errors']} |")
     lines += ["", "Each round (order as run):", ""]
-    lines += ["| round | transport | mode | CPU ms/request | added p50 ms | added p99 ms |"]
+    lines += ["| round | gateway | mode | CPU ms/request | added p50 ms | added p99 ms |"]
     lines += ["|---:|---|---|---:|---:|---:|"]
     for n, rnd in enumerate(result["rounds"], 1):
         for transport, modes in rnd.items():
@@ -188,6 +204,7 @@ def render(result: dict[str, Any]) -> str:
 
 async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     transports = [t for t in args.transports.split(",") if t]
+    peers = [p for p in args.peers.split(",") if p]
     workdir = Path(tempfile.mkdtemp(prefix="warmgate-overhead-"))
     model = "sim-overhead"
     spec = FleetSpec(instances=1, model=model, profile="zero", time_scale=1.0, tierd=False)
@@ -199,13 +216,21 @@ async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         await fleet.start()
         for t in transports:
             gateways[t] = await start_warmgate(fleet, t, workdir)
+        for name in peers:
+            missing = peer_missing(name)
+            if missing:
+                raise RuntimeError(f"peer {name}: {missing}")
+            gateways[name] = await start_gateway(name, fleet, workdir)
         engine_url = fleet.engines["e0"] + "/v1/chat/completions"
+        names = list(gateways)
         for r in range(args.repeats):
-            order = transports[r % len(transports) :] + transports[: r % len(transports)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             t0 = time.monotonic()
             kw = {"sequential": args.sequential, "rate": args.rate, "requests": args.requests}
             rounds.append(await measure_round(gateways, engine_url, order, model=model, **kw))
             print(f"[overhead] round {r + 1}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        if args.py_spy and transports:
+            await profile(gateways[transports[0]], model, args.py_spy, Path(args.out))
     finally:
         await asyncio.gather(*(g.stop() for g in gateways.values()), return_exceptions=True)
         await fleet.stop()
@@ -227,6 +252,26 @@ async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     }
 
 
+async def profile(gw: Gateway, model: str, seconds: float, out: Path) -> None:
+    """py-spy over `seconds` of sequential requests through `gw`, streamed and whole by
+    turns: `<out>-py-spy.txt`, collapsed stacks (`--format raw`: one line a stack, its
+    sample count last; flamegraph.pl or speedscope read it)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    path = out.with_name(out.name + "-py-spy.txt")
+    args = ["record", "--pid", str(gw.proc.proc.pid), "--native", "--rate", "250"]
+    args += ["--duration", f"{seconds:g}", "--format", "raw", "-o", str(path)]
+    quiet = asyncio.subprocess.DEVNULL
+    proc = await asyncio.create_subprocess_exec(str(spy), *args, stdout=quiet, stderr=quiet)
+    url = gw.base_url + "/chat/completions"
+    deadline = time.monotonic() + seconds + 1.0
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        i = 0
+        while time.monotonic() < deadline:
+            await _one(client, url, _body(i, model, i % 2 == 1), i % 2 == 1)
+            i += 1
+    await proc.wait()
+
+
 def _commit() -> str:
     git = ["git", "rev-parse", "--short", "HEAD"]
     return subprocess.run(git, cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -235,6 +280,15 @@ def _commit() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="warmgate bench overhead", description=__doc__)
     p.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated")
+    p.add_argument(
+        "--peers",
+        default="",
+        help=f"comma-separated peers in the same rounds ({', '.join(SMG_POLICIES)}, ...)",
+    )
+    p.add_argument(
+        "--py-spy", type=float, default=0.0, metavar="S",
+        help="after the rounds, py-spy the first warmgate over S s of sequential requests",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="rounds over every transport")
     p.add_argument("--sequential", type=int, default=400, help="requests for CPU per request")
     p.add_argument("--rate", type=float, default=25.0, help="req/s of the latency step")

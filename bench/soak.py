@@ -95,6 +95,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "every S s; the growth sites go into the JSON (slows the gateway: not a soak figure)",
     )  # fmt: skip
     p.add_argument(
+        "--gc-watch", type=float, default=0.0, metavar="S",
+        help="diagnostic: run the gateway under bench.soak_gcwatch, a line every S s (its "
+        "collections, pauses and heap by generation and type) into the JSON's gc_watch",
+    )  # fmt: skip
+    p.add_argument(
         "--overload", action="store_true",
         help="a short run past capacity for the GC share of the gateway's CPU: "
         + ", ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in OVERLOAD.items())
@@ -359,6 +364,10 @@ def main(argv: Sequence[str]) -> int:
     if args.trace_memory:
         trace.unlink(missing_ok=True)
         fleet.gateway_launcher = ("-m", "bench.memtrace", str(trace), str(args.trace_memory))
+    watch = run_dir / "gcwatch.jsonl"
+    if args.gc_watch:
+        watch.unlink(missing_ok=True)
+        fleet.gateway_launcher = ("-m", "bench.soak_gcwatch", str(watch), str(args.gc_watch))
     # SIGTERM ends the run as Ctrl-C does: the fleet (its own process groups) stops on the way
     # out instead of serving on after its soak is gone
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -369,6 +378,8 @@ def main(argv: Sequence[str]) -> int:
         fleet.stop()
     if args.trace_memory:
         result["memory_trace"] = memory_trace(trace)
+    if args.gc_watch and watch.exists():
+        result["gc_watch"] = [json.loads(x) for x in watch.read_text().splitlines() if x.strip()]
     out.write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
