@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-import yaml
 
 from tierd.api import create_app
 from tierd.emulation import PROFILES
@@ -54,22 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool")
     p.add_argument("--protect-fraction", type=float)
     p.add_argument("--temp-grace-s", type=float)
-    p.add_argument("--config", type=Path, help="YAML file of settings (flags win over it)")
+    p.add_argument("--config", type=Path, help="YAML file of settings (flags and env win over it)")
     p.add_argument("--log-level", default="warning")
     return p
 
 
 def settings_from_args(args: argparse.Namespace) -> TierdSettings:
-    """Flags, over the YAML file's values, over `WARMGATE_TIERD__*` env, over defaults."""
-    given: dict[str, Any] = {}
+    """Flags, over `WARMGATE_TIERD__*` env, over the YAML file's values, over defaults (the
+    gateway's precedence; `tierd.settings`)."""
+    given: dict[str, Any] = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("log_level", "config")
+    }
     if args.config is not None:
-        loaded = yaml.safe_load(args.config.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise SystemExit(f"{args.config}: expected a mapping of settings")
-        given.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
-    given.update(
-        {k: v for k, v in vars(args).items() if v is not None and k not in ("log_level", "config")}
-    )
+        given["config_file"] = args.config
     return TierdSettings(**given)
 
 

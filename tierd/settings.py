@@ -1,20 +1,38 @@
-"""tierd's settings: one pydantic-settings model, filled from CLI flags or `WARMGATE_TIERD__*`
-environment variables (every flag has an env twin; see `tierd.serve`)."""
+"""tierd's settings: one pydantic-settings model, filled from CLI flags, `WARMGATE_TIERD__*`
+environment variables (every flag has an env twin; see `tierd.serve`) and an optional YAML
+file (`config_file`, `tierd serve --config`).
+
+Precedence, highest first, as the gateway's (`contracts.settings_sources`): flags (keyword
+arguments), the environment, the YAML file, defaults. Unknown keys are refused, in YAML and
+keywords (`extra="forbid"`) and in the environment: a `WARMGATE_TIERD__*` variable naming no
+setting is an `UnknownEnvironmentError` naming it and the closest valid name. YAML keys may
+be spelt as the flags are (`l1-bytes`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from contracts.settings_sources import check_env, sources
+
+ENV_PREFIX = "WARMGATE_TIERD__"
 
 
 class TierdSettings(BaseSettings):
     """Everything a tier daemon needs; sizes in bytes, bandwidths in bytes per second."""
 
-    model_config = SettingsConfigDict(env_prefix="WARMGATE_TIERD__", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
+    config_file: Path | None = None  # YAML file of settings (`--config`)
     host: str = "127.0.0.1"
     port: int = 8100
     instance_id: str = "tierd-0"
@@ -63,3 +81,31 @@ class TierdSettings(BaseSettings):
     redis_url: str | None = None
     pool: str = "default"
     stream_maxlen: int = 100_000
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag_spelling(cls, data: Any) -> Any:
+        """`l1-bytes:` in YAML is `l1_bytes`; only YAML has dashes, and it is the lowest
+        source, so a key the flags or the environment also gave keeps their value."""
+        if not isinstance(data, dict):
+            return data
+        out = {k: v for k, v in data.items() if not (isinstance(k, str) and "-" in k)}
+        for key, value in data.items():
+            if isinstance(key, str) and "-" in key:
+                out.setdefault(key.replace("-", "_"), value)
+        return out
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_env(settings_cls, prefix=ENV_PREFIX)
+        path = None
+        if isinstance(init_settings, InitSettingsSource):
+            path = init_settings.init_kwargs.get("config_file")
+        return sources(settings_cls, init_settings, env_settings, path)

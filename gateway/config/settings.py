@@ -1,7 +1,10 @@
 """Gateway settings: pydantic-settings with env prefix `WARMGATE_` (nested keys joined by `__`,
 lists and dicts as JSON) over an optional YAML file (`config_file=` or `WARMGATE_CONFIG`).
 
-Precedence, highest first: explicit keyword arguments, environment, the YAML file, defaults.
+Precedence, highest first: explicit keyword arguments, environment, the YAML file, defaults
+(`contracts.settings_sources`, tierd's too). A `WARMGATE_*` variable that names no setting and
+is not one of the names other parts read (`gateway.config.env_names`) is refused with an
+`UnknownEnvironmentError` naming it and the closest valid name.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from pydantic_settings import (
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
+from contracts.settings_sources import check_env, sources
 from gateway.config.base import StrictModel
+from gateway.config.env_names import OTHER_NAMES, OTHER_PREFIXES
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 from gateway.config.policy import validate_params
+from gateway.config.warm import PrioritySettings, WarmSettings
 from router.policies.registry import default_registry
 
 
@@ -39,6 +44,7 @@ class InstanceSettings(StrictModel):
     # its tierd's residency events (ZMQ PUB; `gateway.fleet.tierd_events`): host memory, the array
     # and snapshots, so the router prices what the engine will load from tierd
     tierd_events_endpoint: str | None = None
+    priority_scheduling: bool = False  # vLLM --scheduling-policy priority: send `priority`
 
     @field_validator("url", "tierd_url")
     @classmethod
@@ -190,6 +196,16 @@ class StateSettings(StrictModel):
         return self
 
 
+class ResponsesSettings(StrictModel):
+    """The Responses API's stored responses, for `previous_response_id`
+    (gateway/pipeline/response_store.py): in Redis when `state.backend` is, else in memory."""
+
+    ttl_s: float = Field(default=3600.0, gt=0)  # a stored response is kept this long
+    max_bytes: int = Field(default=1024 * 1024, ge=1024)  # one larger is not stored
+    memory_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # the memory store's all
+    timeout_s: float = Field(default=0.5, gt=0)  # each Redis call
+
+
 class KvEventsSettings(StrictModel):
     """Consumption of engines' KV events (gateway/fleet/kv_events.py)."""
 
@@ -245,11 +261,14 @@ class UiSettings(StrictModel):
     engine_scrape_s: float = Field(default=2.0, gt=0)  # engines' /metrics for KV use
 
 
+ENV_PREFIX = "WARMGATE_"
+
+
 class Settings(BaseSettings):
     """Everything the gateway needs; see README 'Configuration'."""
 
     model_config = SettingsConfigDict(
-        env_prefix="WARMGATE_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         extra="forbid",  # a misspelt key (YAML or keyword) is an error naming it
     )
@@ -264,11 +283,14 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     kv_events: KvEventsSettings = Field(default_factory=KvEventsSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
     engine_metrics: EngineMetricsSettings = Field(default_factory=EngineMetricsSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
+    warm: WarmSettings = Field(default_factory=WarmSettings)  # POST /v1/warm
+    priority: PrioritySettings = Field(default_factory=PrioritySettings)  # classes, deadlines
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True
@@ -301,17 +323,19 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_env(
+            settings_cls,
+            prefix=ENV_PREFIX,
+            nested_delimiter="__",
+            allowed=OTHER_NAMES,
+            allowed_prefixes=OTHER_PREFIXES,
+        )
         path: str | None = None
         if isinstance(init_settings, InitSettingsSource):
             given = init_settings.init_kwargs.get("config_file")
             path = str(given) if given else None
-        path = path or os.environ.get("WARMGATE_CONFIG") or None
-        if path is None:
-            return (init_settings, env_settings)
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {path} not found")
-        yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
-        return (init_settings, env_settings, yaml_source)
+        path = path or os.environ.get(f"{ENV_PREFIX}CONFIG") or None
+        return sources(settings_cls, init_settings, env_settings, path)
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

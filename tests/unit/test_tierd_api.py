@@ -114,6 +114,9 @@ def test_serve_flags_override_env_twins(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert s.array_dir == tmp_path and s.fsync is True
     assert settings_from_args(build_parser().parse_args([])).fsync is False
     cfg = tmp_path / "tierd.yaml"
-    cfg.write_text("l1-bytes: 777\nport: 1234\nsnapshot_bytes: 99\n")
+    cfg.write_text("l1-bytes: 777\nport: 1234\nsnapshot_bytes: 99\npool: yaml\n")
     s = settings_from_args(build_parser().parse_args(["--config", str(cfg), "--port", "5"]))
-    assert (s.l1_bytes, s.port, s.snapshot_bytes) == (777, 5, 99)
+    # flags over env over YAML over defaults, as the gateway's settings
+    assert (s.l1_bytes, s.port, s.snapshot_bytes, s.pool) == (12345678, 5, 99, "from-env")
+    monkeypatch.delenv("WARMGATE_TIERD__L1_BYTES")
+    assert settings_from_args(build_parser().parse_args(["--config", str(cfg)])).l1_bytes == 777
