@@ -27,7 +27,7 @@ from typing import Any, Literal
 import msgpack
 
 from contracts.errors import InputError
-from contracts.slices import HASH_MASK
+from contracts.slices import normalize
 
 _INT_ONLY = frozenset({int})
 
@@ -82,15 +82,16 @@ class Frames:
 
 
 def normalize_hash(value: Any) -> int:
-    """An event's block hash as the 64-bit int vLLM publishes by default."""
+    """An event's block hash as the 64-bit int vLLM publishes by default (the slice-key rule,
+    `contracts.slices.normalize`, once the value is known to be a hash)."""
     if isinstance(value, bool):
         raise MalformedEventError(f"block hash must be int or bytes, got {value!r}")
     if isinstance(value, int):
-        return value & HASH_MASK
+        return normalize(value)
     if isinstance(value, bytes | bytearray):
         if not value:
             raise MalformedEventError("empty block hash")
-        return int.from_bytes(value, "big") & HASH_MASK
+        return normalize(bytes(value))
     raise MalformedEventError(f"block hash must be int or bytes, got {type(value).__name__}")
 
 

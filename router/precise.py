@@ -33,13 +33,16 @@ from typing import Any, Literal, Protocol
 import cbor2
 import xxhash
 
+from contracts.slices import normalize
 from router.blocks import chain_seed
 from router.types import RouteRequest
 
 VllmHashAlgo = Literal["sha256_cbor", "xxhash_cbor"]
-MASK64 = (1 << 64) - 1
 DEFAULT_VLLM_BLOCK_SIZE = 16
 THREAD_THRESHOLD_BLOCKS = 64  # hash longer chains in a worker thread, off the event loop
+# The int vLLM publishes in KV events for a block digest (its low 64 bits, big-endian): the
+# digest -> u64 rule has one owner, the slice-key rule.
+event_int = normalize
 
 Tokenizer = Callable[[Any], Sequence[int] | Awaitable[Sequence[int]]]
 
@@ -59,11 +62,6 @@ def _sha256(data: bytes) -> bytes:
 def _xxh3_128(data: bytes) -> bytes:
     digest: bytes = xxhash.xxh3_128_digest(data)
     return digest
-
-
-def event_int(digest: bytes) -> int:
-    """The int vLLM publishes in KV events for a block digest: its low 64 bits, big-endian."""
-    return int.from_bytes(digest, "big") & MASK64
 
 
 class BlockHasher(Protocol):
