@@ -5,7 +5,6 @@ SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import uvicorn
 
+from contracts.json_logs import JsonFormatter
 from tierd.api import create_app
 from tierd.emulation import PROFILES
 from tierd.settings import TierdSettings
@@ -69,25 +69,10 @@ def settings_from_args(args: argparse.Namespace) -> TierdSettings:
     return TierdSettings(**given)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ts, level, logger, msg (and exc when there is one)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
 def configure_logging(level: str) -> None:
     """Every logger, uvicorn's included, through one JSON-lines handler on stderr."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter())  # contracts.json_logs: every process's format
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,52 +1,25 @@
-"""JSON-lines logging: one object per record with time, level, logger, message and the
-`request_id` of the request being served (carried in a context variable set by the
-request-id middleware). uvicorn's loggers are routed through the same formatter."""
+"""JSON-lines logging (`contracts.json_logs`, the format tierd and the simulated engine log
+in too): one object per record with time, level, logger, message and the `request_id` of
+the request being served (carried in a context variable set by the request-id middleware),
+secrets redacted. uvicorn's loggers are routed through the same formatter."""
 
 from __future__ import annotations
 
-import json
-import logging
 import logging.config
-import time
 from contextvars import ContextVar
 from typing import Any
 
+from contracts.json_logs import JsonFormatter
 from router.state.redact import redact
 
 # A ContextVar is per-task by construction: each request sees only its own id.
 REQUEST_ID: ContextVar[str | None] = ContextVar("warmgate_request_id", default=None)
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
-MAX_FIELD_CHARS = 512  # a client-chosen string (a session key) is cut to this in a log line
-MAX_MESSAGE_CHARS = 8192
 
-
-def clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}...({len(text)} chars)"
-
-
-class JsonFormatter(logging.Formatter):
-    """Formats a record as a JSON line; extra fields given with `extra=` are kept."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": redact(clip(record.getMessage(), MAX_MESSAGE_CHARS)),
-        }
-        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
-        if request_id:
-            out["request_id"] = request_id
-        for key, value in vars(record).items():
-            if key not in _STANDARD and key != "request_id" and not key.startswith("_"):
-                out[key] = redact(clip(value, MAX_FIELD_CHARS)) if isinstance(value, str) else value
-        if record.exc_info:
-            out["exc"] = redact(self.formatException(record.exc_info))
-        return json.dumps(out, default=str)
+def json_formatter() -> JsonFormatter:
+    """The gateway's log lines: `contracts.json_logs`' format, secrets redacted, each line
+    with the `request_id` of the request it is about."""
+    return JsonFormatter(context={"request_id": REQUEST_ID}, scrub=redact)
 
 
 def logging_config(level: str = "info") -> dict[str, Any]:
@@ -56,7 +29,7 @@ def logging_config(level: str = "info") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": JsonFormatter}},
+        "formatters": {"json": {"()": json_formatter}},
         "handlers": {"json": handler},
         "loggers": {
             "warmgate": {"handlers": ["json"], "level": lvl, "propagate": False},

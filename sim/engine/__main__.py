@@ -3,41 +3,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 
+from contracts.json_logs import JsonFormatter
 from sim.engine.app import create_app
 from sim.engine.config import parse_config
-
-
-class JsonLines(logging.Formatter):
-    """One JSON object a record: time, level, logger, message, the engine's instance id."""
-
-    def __init__(self, instance_id: str):
-        super().__init__()
-        self.instance_id = instance_id
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "instance": self.instance_id,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines(config.instance_id))
+    # contracts.json_logs: the format of every process of ours, with the engine's id
+    handler.setFormatter(JsonFormatter(static={"instance": config.instance_id}))
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler], force=True)
     uvicorn.run(
         create_app(config),
