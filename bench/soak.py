@@ -45,11 +45,13 @@ from bench.sim_fleet import SimFleet, proc_sample
 from bench.soak_series import (
     ENGINE_TTFT,
     GATEWAY_GC,
+    GATEWAY_GC_CPU,
     GATEWAY_TTFT,
     gc_share,
     histogram_sums_by,
     histogram_totals,
     machine_busy_s,
+    samples_by,
     series,
 )
 
@@ -122,6 +124,10 @@ async def _sample(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str, Any]:
     out["gateway_ttft_sum"], out["gateway_ttft_count"] = histogram_totals(metrics, GATEWAY_TTFT)
     out["gateway_gc_s"] = histogram_totals(metrics, GATEWAY_GC)[0]
     out["gateway_gc_by_generation_s"] = histogram_sums_by(metrics, GATEWAY_GC, "generation")
+    gc_cpu = samples_by(metrics, GATEWAY_GC_CPU, "generation")
+    if gc_cpu:  # a gateway from before the counter has pauses only
+        out["gateway_gc_cpu_s"] = sum(gc_cpu.values())
+        out["gateway_gc_cpu_by_generation_s"] = gc_cpu
     engine_sum = engine_count = 0.0
     for url in fleet.engine_urls:
         s, c = histogram_totals((await client.get(f"{url}/metrics")).text, ENGINE_TTFT)
@@ -151,12 +157,20 @@ def _window(results: list[Result], t0: float, t1: float) -> dict[str, Any]:
 def _gc(at_start: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The gateway's collections over the measured minutes: pause seconds, by generation,
     and their share of its CPU seconds."""
-    a, b = at_start["gateway_gc_by_generation_s"], last["gateway_gc_by_generation_s"]
+
+    def by_generation(key: str) -> dict[str, float]:
+        a, b = at_start.get(key, {}), last.get(key, {})
+        return {g: round(b[g] - a.get(g, 0.0), 3) for g in sorted(b)}
+
+    gc_cpu = "gateway_gc_cpu_s"
     return {
         "pause_s": round(last["gateway_gc_s"] - at_start["gateway_gc_s"], 3),
+        "gc_cpu_s": round(last[gc_cpu] - at_start[gc_cpu], 3) if gc_cpu in last else None,
         "cpu_s": round(last["cpu_s"] - at_start["cpu_s"], 3),
         "share_of_gateway_cpu": gc_share(at_start, last),
-        "pause_s_by_generation": {g: round(b[g] - a.get(g, 0.0), 3) for g in sorted(b)},
+        "cpu_share_of_gateway_cpu": gc_share(at_start, last, gc_cpu),
+        "pause_s_by_generation": by_generation("gateway_gc_by_generation_s"),
+        "gc_cpu_s_by_generation": by_generation("gateway_gc_cpu_by_generation_s"),
     }
 
 
@@ -302,9 +316,12 @@ def markdown(r: dict[str, Any]) -> str:
          f"{r['clients']} / {lag['p50']} / {lag['p99']} / {lag['max']}"),
         ("minutes measured / wall time of the load", f"{r['minutes']} / {r['load_wall_min']}"),
         ("gateway CPU over the measured minutes, share of one core", r["gateway_cpu_share"]),
-        ("**GC share of gateway CPU** (pause s / gateway CPU s; by generation 0 / 1 / 2)",
+        ("**GC share of gateway CPU**: pauses (pause s / gateway CPU s; by generation)",
          f"{gcs['share_of_gateway_cpu']} ({gcs['pause_s']} / {gcs['cpu_s']}; "
          + " / ".join(str(v) for v in gcs["pause_s_by_generation"].values()) + ")"),
+        ("GC share of gateway CPU: the collections' CPU (GC CPU s; by generation)",
+         f"{gcs.get('cpu_share_of_gateway_cpu')} ({gcs.get('gc_cpu_s')}; "
+         + " / ".join(str(v) for v in gcs.get("gc_cpu_s_by_generation", {}).values()) + ")"),
         ("warm-up before: minutes / requests / failed / RSS growth",
          "none" if warm is None else
          f"{r['warmup_minutes']} / {warm['requests']} / {warm['failed']} / "
@@ -334,7 +351,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         "", "## over time, warm-up included (TTFT in s, CPU in cores)", "",
         "| min | requests | client TTFT p50 / p99 | gateway / engines TTFT mean "
-        "| CPU gateway / engines / load / machine | gateway GC pauses s / share of its CPU "
+        "| CPU gateway / engines / load / machine "
+        "| gateway GC pauses s / their share of its CPU / GC CPU share "
         "| load GC pauses total / max / full |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
@@ -342,7 +360,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| {x['t_min']} | {x['requests']} | {x['client_ttft_p50_s']} / "
         f"{x['client_ttft_p99_s']} | {x['gateway_ttft_mean_s']} / {x['engine_ttft_mean_s']} "
         f"| {x['gateway_cpu']} / {x['engines_cpu']} / {x['client_cpu']} / {x['machine_cpu']} "
-        f"| {x['gateway_gc_pause_s']} / {x.get('gateway_gc_share')} "
+        f"| {x['gateway_gc_pause_s']} / {x.get('gateway_gc_share')} / "
+        f"{x.get('gateway_gc_cpu_share')} "
         f"| {x['client_gc_pause_s']} / {x['client_gc_max_s']} / {x['client_gc_full']} |"
         for x in r.get("series", [])
     ]

@@ -22,6 +22,7 @@ from bench.loadgen import Result, percentile
 GATEWAY_TTFT = "warmgate_ttft_seconds"  # gateway.observe.metrics: arrival to first content chunk
 ENGINE_TTFT = "vllm:time_to_first_token_seconds"  # the engines' own, arrival at the engine
 GATEWAY_GC = "warmgate_gc_pause_seconds"  # gateway.observe.gc_pauses
+GATEWAY_GC_CPU = "warmgate_gc_cpu_seconds_total"  # the same collections' CPU
 
 
 def histogram_totals(text: str, name: str) -> tuple[float, float]:
@@ -38,22 +39,30 @@ def histogram_totals(text: str, name: str) -> tuple[float, float]:
 
 def histogram_sums_by(text: str, name: str, label: str) -> dict[str, float]:
     """The sum of histogram `name` per value of `label` (e.g. GC pauses by generation)."""
+    return samples_by(text, f"{name}_sum", label)
+
+
+def samples_by(text: str, sample_name: str, label: str) -> dict[str, float]:
+    """Samples named `sample_name` (a counter's `<name>_total`), summed per value of `label`."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == f"{name}_sum":
+            if sample.name == sample_name:
                 key = sample.labels.get(label, "")
                 out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 
-def gc_share(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
-    """The gateway's GC pause seconds over its CPU seconds between two samples: the share
-    of its CPU that collections took (a pause is CPU spent collecting, the loop stopped)."""
+def gc_share(
+    before: Mapping[str, Any], after: Mapping[str, Any], key: str = "gateway_gc_s"
+) -> float | None:
+    """The gateway's GC seconds (`key`: pauses, or with `gateway_gc_cpu_s` the collections'
+    CPU) over its CPU seconds between two samples. Pauses are wall time: on a machine short
+    of cores they also hold the time the process waited for one, and overstate the CPU."""
     cpu = float(after["cpu_s"]) - float(before["cpu_s"])
-    if cpu <= 0:
+    if cpu <= 0 or key not in after or key not in before:
         return None
-    return round((float(after["gateway_gc_s"]) - float(before["gateway_gc_s"])) / cpu, 4)
+    return round((float(after[key]) - float(before[key])) / cpu, 4)
 
 
 def machine_busy_s() -> float:
@@ -128,6 +137,7 @@ def series(
             "machine_cpu": _share(a, b, "machine_busy_s", dt),
             "gateway_gc_pause_s": round(b["gateway_gc_s"] - a["gateway_gc_s"], 4),
             "gateway_gc_share": gc_share(a, b),
+            "gateway_gc_cpu_share": gc_share(a, b, "gateway_gc_cpu_s"),
             "client_gc_pause_s": round(sum(pauses), 4),
             "client_gc_max_s": round(max(pauses, default=0.0), 4),
             "client_gc_full": len(full),  # full collections: what grows with a kept heap

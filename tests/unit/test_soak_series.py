@@ -117,6 +117,8 @@ async def test_gc_pauses_are_observed_while_installed() -> None:
     try:
         gc.collect()
         assert _count(reg, "2") == 1.0
+        cpu = reg.get_sample_value("warmgate_gc_cpu_seconds_total", {"generation": "2"})
+        assert cpu is not None and cpu > 0.0  # a full collection takes some CPU
     finally:
         await pauses.remove()
     gc.collect()
