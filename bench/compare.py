@@ -34,11 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import compare_args, plots
+from bench import compare_args, compare_repeats, plots
 from bench.claims import run_claims
 from bench.engine_metrics import MetricsPoller
 from bench.overhead import measure_overhead
-from bench.peers import FleetSpec, fleet_with_gateway, peer_missing
+from bench.peers import WARMGATE_POLICIES, FleetSpec, fleet_with_gateway, peer_missing
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
@@ -102,6 +102,7 @@ async def run_gateway(
         loads: list[float] = []
         servers: list[int] = []
         sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
+        cpu0 = await asyncio.to_thread(_cpu_times)
         t0 = time.perf_counter()
         records = await replay(
             gw.base_url, items, model=fleet.model, compress=args.compress,
@@ -110,6 +111,7 @@ async def run_gateway(
             body_extra=VLLM_BODY_EXTRA if real else None,
         )  # fmt: skip
         duration = time.perf_counter() - t0
+        cpu1 = await asyncio.to_thread(_cpu_times)
         sampler.cancel()
         await poller.stop()
         tiers = await tier_figures(fleet)  # tierd's and the connector's, before they stop
@@ -120,6 +122,8 @@ async def run_gateway(
     # the machine's 1-minute load average during the replay: on a shared machine other
     # work competes for the engines' cores, and differently in each gateway's run
     summary["machine_load_mean"] = round(sum(loads) / len(loads), 2) if loads else None
+    # the share of all the machine's cores busy during the replay (/proc/stat), anyone's work
+    summary["machine_cpu_busy_share"] = _busy_share(cpu0, cpu1)
     if servers:  # every vLLM engine on the machine, this run's included
         summary["vllm_servers_on_machine_max"] = max(servers)
     ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
@@ -134,6 +138,23 @@ async def _sample_load(
         if engines is not None:
             engines.append(await asyncio.to_thread(_vllm_servers))
         await asyncio.sleep(every_s)
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (None: not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _busy_share(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return round((b[0] - a[0]) / (b[1] - a[1]), 3)
 
 
 def _vllm_servers() -> int:
@@ -218,6 +239,8 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "tiers": args.tiers,
             "tier_load": args.tier_load,
             "tier_lookup": args.tier_lookup,
+            "repeats": args.repeats,
+            "rotate_offset": args.rotate_offset,
         },
         "gateways": {},
         "notes": [],
@@ -238,31 +261,49 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             f"median {SCALES[args.scale].think_median_s:g} s), replies 8-24 tokens."
         )
     _log(f"{len(items)} requests over {args.minutes:g} min; results in {out_dir}")
-    for gw in gateways:
-        missing = await asyncio.to_thread(peer_missing, gw)
-        if missing:
-            results["gateways"][gw] = {"skipped": missing}
-            _log(f"{gw}: skipped: {missing}")
-            continue
-        _log(f"{gw}: fresh fleet of {args.instances}, replaying")
-        try:
-            summary, ttfts[gw], series[gw] = await run_gateway(gw, spec, items, args, tmp)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            results["gateways"][gw] = {"skipped": f"failed to run: {exc}"[:800]}
-            _log(f"{gw}: failed: {exc}")
-            continue
-        results["gateways"][gw] = summary
-        _log(f"{gw}: ttft p50 {summary['ttft_p50_s']} p99 {summary['ttft_p99_s']} s")
-        if "prompt_tokens" not in results["config"]:
-            prompts = await asyncio.to_thread(_prompt_range, results["gateways"], tmp)
-            if prompts:
-                results["config"]["prompt_tokens"] = prompts
-                results["config"]["workload_note"] = (
-                    results["config"].get("workload_note", "")
-                    + f" Prompts {prompts['min']}-{prompts['max']} tokens "
-                    f"(p50 {prompts['p50']}, as the engines counted them)."
-                )
-        await asyncio.to_thread(_dump, out_dir / "results.json", results)
+    missing = {gw: await asyncio.to_thread(peer_missing, gw) for gw in gateways}
+    repeat_rows: list[dict[str, Any]] = []
+    orders: list[list[str]] = []
+    results["repeat_rows"] = repeat_rows
+    for rep in range(args.repeats):
+        # fresh engines for every gateway, the order rotated each repeat
+        order = compare_repeats.rotated(gateways, args.rotate_offset + rep)
+        orders.append(order)
+        rows: dict[str, Any] = {}
+        repeat_rows.append(rows)
+        for gw in order:
+            if missing[gw]:
+                rows[gw] = {"skipped": missing[gw]}
+                _log(f"{gw}: skipped: {missing[gw]}")
+                continue
+            _log(f"{gw}: fresh fleet of {args.instances}, replaying (repeat {rep + 1})")
+            try:
+                summary, gw_ttfts, gw_series = await run_gateway(gw, spec, items, args, tmp)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                rows[gw] = {"skipped": f"failed to run: {exc}"[:800]}
+                _log(f"{gw}: failed: {exc}")
+                continue
+            rows[gw] = summary
+            ttfts.setdefault(gw, []).extend(gw_ttfts)
+            series.setdefault(gw, gw_series)  # the first repeat's, per gateway
+            _log(f"{gw}: ttft p50 {summary['ttft_p50_s']} p99 {summary['ttft_p99_s']} s")
+            if "prompt_tokens" not in results["config"]:
+                prompts = await asyncio.to_thread(_prompt_range, rows, tmp)
+                if prompts:
+                    results["config"]["prompt_tokens"] = prompts
+                    results["config"]["workload_note"] = (
+                        results["config"].get("workload_note", "")
+                        + f" Prompts {prompts['min']}-{prompts['max']} tokens "
+                        f"(p50 {prompts['p50']}, as the engines counted them)."
+                    )
+            _fold_repeats(results, gateways, orders, args.load_margin)
+            await asyncio.to_thread(_dump, out_dir / "results.json", results)
+        # a later repeat's records replace an earlier one's: keep each repeat's
+        for gw in order if args.repeats > 1 else ():
+            path = tmp / f"records-{gw}.jsonl"
+            if path.exists():
+                await asyncio.to_thread(path.replace, tmp / f"records-{gw}-r{rep + 1}.jsonl")
+    _fold_repeats(results, gateways, orders, args.load_margin)
     if not args.no_claims:
         _log("seed's claims: tiers vs no array, closed loop")
         claims_spec = replace(
@@ -290,6 +331,19 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     results["wall_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     results["results_dir"] = str(out_dir)
     return results
+
+
+def _fold_repeats(
+    results: dict[str, Any], gateways: Sequence[str], orders: Sequence[Sequence[str]], margin: float
+) -> None:
+    """The repeats so far (`repeat_rows`, each in the order it ran) into `gateways` (one
+    repeat: its rows; more: each figure's median), in the configured gateway order, and into
+    `repeated` (ratios, ties, loads, targets)."""
+    reps: list[dict[str, Any]] = results["repeat_rows"]
+    merged = reps[0] if len(reps) == 1 else compare_repeats.median_rows(reps)
+    results["gateways"] = {g: merged[g] for g in gateways if g in merged}
+    ours = [g for g in gateways if g in WARMGATE_POLICIES]
+    results["repeated"] = compare_repeats.summarize_repeats(reps, orders, ours, margin)
 
 
 def _plots(
@@ -325,12 +379,64 @@ def _dump(path: Path, results: dict[str, Any]) -> None:
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def merge(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """`--merge DIR,...`: separate runs of one comparison (say `--repeats 1` with
+    `--rotate-offset` 0, 1, 2, each under the heavy lock on its own) as one repeated result:
+    their rows as repeats, the medians, ratios, ties, loads and plots of all of them."""
+    dirs = [Path(d) for d in args.merge.split(",") if d]
+    parts = [json.loads((d / "results.json").read_text()) for d in dirs]
+    if not parts:
+        raise SystemExit("--merge: no results directories given")
+    keys = ("engines", "workload", "scale", "players", "minutes", "instances", "seed", "tiers")
+    for d, part in zip(dirs[1:], parts[1:], strict=True):
+        differs = [k for k in keys if part["config"].get(k) != parts[0]["config"].get(k)]
+        if differs:
+            raise SystemExit(f"--merge: {d} differs from {dirs[0]} in {', '.join(differs)}")
+    rows, orders = compare_repeats.merge_results(parts)
+    name = args.name or f"{parts[0]['name']}-merged"
+    started = datetime.now(UTC)
+    out_dir = Path(args.results_dir) / f"{started:%Y-%m-%d}-{name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gateways = list(parts[0]["gateways"])  # the configured order
+    for r in rows:
+        gateways += [g for g in r if g not in gateways]
+    config = {**parts[0]["config"], "repeats": len(rows)}
+    config.pop("rotate_offset", None)
+    results: dict[str, Any] = {
+        "name": name,
+        "started_at": min(p["started_at"] for p in parts),
+        "command": "warmgate bench compare " + shlex.join(argv),
+        "commands": [p.get("command", "") for p in parts],
+        "merged_from": [str(d) for d in dirs],
+        "machine": parts[0].get("machine", {}),
+        "config": config,
+        "repeat_rows": rows,
+        "notes": [n for p in parts for n in p.get("notes", [])],
+    }
+    _fold_repeats(results, gateways, orders, args.load_margin)
+    ttfts: dict[str, list[float]] = {}
+    series: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for d in dirs:
+        path = d / "tmp" / "plotdata.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            for gw, values in data.get("ttft_s", {}).items():
+                ttfts.setdefault(gw, []).extend(values)
+            for gw, per in data.get("requests_over_time", {}).items():
+                series.setdefault(gw, per)
+    if ttfts:
+        results["plots"] = _plots(out_dir, results, ttfts, series)
+    results["finished_at"] = max(p.get("finished_at", "") for p in parts)
+    results["results_dir"] = str(out_dir)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
     if args.compress is None:
         args.compress = 1.0 / args.time_scale if args.time_scale > 0 else 1.0
-    results = asyncio.run(run(args, args_list))
+    results = merge(args, args_list) if args.merge else asyncio.run(run(args, args_list))
     out_dir = Path(results["results_dir"])
     _dump(out_dir / "results.json", results)
     (out_dir / "report.md").write_text(render_markdown(results))

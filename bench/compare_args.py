@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from bench.compare_repeats import DEFAULT_LOAD_MARGIN
 from bench.peers import REPO
 from bench.workloads import SCALES, scale_defaults
 
@@ -30,7 +31,7 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
     """`warmgate bench compare`'s flags, with the defaults `--engines` and `--scale` bring."""
     p = argparse.ArgumentParser(prog="warmgate bench compare", description=description)
     p.add_argument(
-        "--workload", required=True,
+        "--workload", default=None,
         help="game | sidecar:FILE (a game text sidecar) | trace:FILE (Mooncake format)",
     )  # fmt: skip
     p.add_argument(
@@ -47,7 +48,28 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
     )  # fmt: skip
     p.add_argument(
         "--peers", default=None,
-        help="comma list of smg, smg-prefix-hash, sglang-router, litellm, dynamo",
+        help="comma list of smg, smg-prefix-hash, sglang-router, smg-tuned, "
+        "sglang-router-tuned, litellm, dynamo",
+    )  # fmt: skip
+    p.add_argument(
+        "--repeats", type=int, default=1,
+        help="run every gateway N times, fresh engines each, the order rotated each repeat; "
+        "report each repeat, the medians, ratios to the peers, ties and each run's load",
+    )  # fmt: skip
+    p.add_argument(
+        "--rotate-offset", type=int, default=0,
+        help="rotate the gateways' order by this much before the first repeat (separate "
+        "--repeats 1 runs, one per lock hold: 0, 1, 2, then --merge)",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-margin", type=float, default=DEFAULT_LOAD_MARGIN,
+        help="flag a run whose machine load is more than this share off the other runs' "
+        "median (0.5: 50%%)",
+    )  # fmt: skip
+    p.add_argument(
+        "--merge", default=None, metavar="DIR,DIR,...",
+        help="run nothing: join these results directories (each a results.json of the same "
+        "comparison) as repeats, into bench/results/<date>-<name>/",
     )  # fmt: skip
     p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
     p.add_argument(
@@ -96,6 +118,10 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         "--claims-budget-s", type=float, default=35.0, help="wall seconds of sending per run"
     )
     args = p.parse_args(list(argv))
+    if args.workload is None and args.merge is None:
+        p.error("--workload is required (unless --merge)")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}
     for key, value in {**defaults, **scale_defaults(args.scale)}.items():
         if getattr(args, key) is None:

@@ -9,6 +9,8 @@ the same seed, so every gateway meets identical engines. A gateway is one of:
 - `smg`: the SGLang model gateway 1.13, `smg launch --policy cache_aware` (PROTOCOLS §3);
   `smg-prefix-hash`: the same with `--policy prefix_hash`;
 - `sglang-router`: sglang-router 0.3.2 (smg's predecessor), `--policy cache_aware`;
+- `smg-tuned`, `sglang-router-tuned`: the same two with the balance thresholds their docs
+  advise for a small fleet's shallow queues (`TUNED_BALANCE`);
 - `litellm`: the LiteLLM proxy, one deployment per engine under one model name,
   `routing_strategy: least-busy`;
 - `dynamo`: NVIDIA Dynamo's vLLM worker; `peer_missing()` tries to import it and reports why
@@ -56,6 +58,8 @@ PEER_BINARIES = {
     "smg": PEERS_VENV / "bin" / "smg",
     "smg-prefix-hash": PEERS_VENV / "bin" / "smg",
     "sglang-router": PEERS_VENV / "sglang-router" / "bin" / "smg",
+    "smg-tuned": PEERS_VENV / "bin" / "smg",
+    "sglang-router-tuned": PEERS_VENV / "sglang-router" / "bin" / "smg",
     "litellm": PEERS_VENV / "bin" / "litellm",
     "dynamo": PEERS_VENV / "dynamo" / "bin" / "python",
 }
@@ -63,6 +67,21 @@ SMG_POLICIES = {
     "smg": "cache_aware",
     "smg-prefix-hash": "prefix_hash",
     "sglang-router": "cache_aware",
+    "smg-tuned": "cache_aware",
+    "sglang-router-tuned": "cache_aware",
+}
+# `-tuned`: the balance thresholds as the peers' docs tell a user to set them, for a small
+# fleet. smg's routing guide (docs/configuration/routing.md, lightseekorg/smg): "set
+# --balance-abs-threshold based on expected request queue depth" and the relative one "based
+# on acceptable load imbalance (1.5 = 50% difference)"; its cache-aware page: lower
+# thresholds for bursty traffic. The defaults (64 and 1.5; sglang-router 0.3.2 the same) are
+# sized for deep queues: with two engines and one or two requests in flight the absolute gate
+# never opens, so cache affinity alone decides. Our queue depth is 1-2 requests an engine,
+# hence 2 (a gap of 3 requests spills; 1 is the in-flight count's own noise) and 1.5 kept.
+TUNED_BALANCE = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5")
+PEER_EXTRA_ARGS: dict[str, tuple[str, ...]] = {
+    "smg-tuned": TUNED_BALANCE,
+    "sglang-router-tuned": TUNED_BALANCE,
 }
 
 
@@ -302,6 +321,17 @@ def litellm_config(fleet: EngineFleet, master_key: str) -> dict[str, Any]:
     }
 
 
+def smg_command(name: str, worker_urls: Sequence[str], port: int, metrics_port: int) -> list[str]:
+    """The command line of smg-family gateway `name` (smg 1.13, sglang-router 0.3.2)."""
+    return [
+        str(PEER_BINARIES[name]), "launch", "--host", "127.0.0.1",
+        "--port", str(port), "--worker-urls", *worker_urls,
+        "--policy", SMG_POLICIES[name], "--prometheus-port", str(metrics_port),
+        "--prometheus-host", "127.0.0.1", "--log-level", "warn",
+        *PEER_EXTRA_ARGS.get(name, ()),
+    ]  # fmt: skip
+
+
 async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway:
     """Start gateway `name` in front of `fleet` and wait until it answers."""
     port = free_port()
@@ -319,12 +349,7 @@ async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway
         proc = await Proc.spawn(name, args, log, env)
         await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
     elif name in SMG_POLICIES:
-        args = [
-            str(PEER_BINARIES[name]), "launch", "--host", "127.0.0.1",
-            "--port", str(port), "--worker-urls", *fleet.engines.values(),
-            "--policy", SMG_POLICIES[name], "--prometheus-port", str(free_port()),
-            "--prometheus-host", "127.0.0.1", "--log-level", "warn",
-        ]  # fmt: skip
+        args = smg_command(name, list(fleet.engines.values()), port, free_port())
         proc = await Proc.spawn(name, args, log)
         await proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=90)
     elif name == "litellm":

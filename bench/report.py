@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.compare_repeats import repeats_markdown
 from bench.engine_metrics import EngineDelta
 from bench.replay import RequestRecord
 from bench.tier_stats import TIERS_NOTE, tiers_table
@@ -172,6 +173,7 @@ TABLE_COLUMNS = (
     ("requests", "requests"),
     ("errors", "errors"),
     ("machine_load_mean", "machine load"),
+    ("machine_cpu_busy_share", "machine CPU busy"),
 )
 
 
@@ -284,6 +286,21 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         gateway_table(gateways),
         "",
     ]
+    repeats = results.get("repeat_rows") or []
+    if len(repeats) > 1 and results.get("repeated"):
+        orders = results["repeated"].get("orders") or []
+        lines += [
+            f"The rows above are each figure's median over {len(repeats)} repeats (every "
+            "gateway on fresh engines in each, the order rotated each repeat).",
+            "",
+            "## Repeats, medians and ratios",
+            "",
+            repeats_markdown(results["repeated"]),
+            "",
+        ]
+        for i, rows in enumerate(repeats):
+            order = " → ".join(orders[i]) if i < len(orders) else ""
+            lines += [f"### Repeat {i + 1} (order: {order})", "", gateway_table(rows), ""]
     if any(r.get("prediction_requests") for r in gateways.values()):
         lines += [
             "## Precise accuracy",
