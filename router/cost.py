@@ -25,6 +25,11 @@ worth `prior_weight` outcomes, a weight that decays by `prior_decay` with every 
 
 so the prior steers the first few predictions only (100x off: within 5% after a dozen, see
 test_cost). An unobserved instance borrows the fastest fit (optimism: else never tried).
+Where the prior matters, then: for an instance nobody has measured, and for its first few
+outcomes. A join probe (`calibrate`: cold prompts of known sizes on the idle instance,
+measured before any routed request lands there) ends that at once: its samples enter the
+same fit, and the prior's weight for that instance drops to zero, so the first routed
+request is priced at the probe's speed (only the prior's shape, not its scale, remains).
 
 The prior (`CostParams()`) is generic, not any one deployment's: llm-d-inference-sim's
 published profile for an 8B model on one H100 (prefill 30 ms + 250 us per uncached token,
@@ -40,7 +45,7 @@ cached prompt the policy gives up by choice).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -365,6 +370,39 @@ class TtftCostModel:
         m.fits += 1
         fit = m.s_xy / m.s_xx if m.s_xx > 0.0 else 1.0
         m.k_prior = fit if fit > 1e-9 else 1e-9  # (k_prior holds the data-only fit)
+        self._refit()
+
+    def calibrate(self, instance: str, samples: Sequence[tuple[int, float]]) -> None:
+        """The instance's join probe: (cold prompt tokens, observed TTFT) pairs measured on
+        the idle instance. Each enters the fit as an outcome predicted with nothing cached,
+        queued or in flight; the prior's weight for the instance drops to zero (the probe
+        measured the engine itself), and the running means the routed requests keep
+        (context, uncached share) are left alone."""
+        m = self._model(instance)
+        lam = self.forgetting
+        used = 0
+        for prompt_tokens, ttft_s in samples:
+            if prompt_tokens <= 0 or not ttft_s > 0.0:
+                continue
+            x = self.predict(
+                instance,
+                prompt_tokens=prompt_tokens,
+                cached_tokens_by_tier={},
+                in_flight=0,
+                queued_prefill_tokens=0,
+            ).compute_s
+            if x <= 0.0:
+                continue
+            m.s_xx = lam * m.s_xx + x * x
+            m.s_xy = lam * m.s_xy + x * ttft_s
+            m.n = lam * m.n + 1.0
+            m.fits += 1
+            used += 1
+        if not used:
+            return
+        m.w_prior = 0.0
+        fit = m.s_xy / m.s_xx if m.s_xx > 0.0 else 1.0
+        m.k_prior = fit if fit > 1e-9 else 1e-9
         self._refit()
 
     def _refit(self) -> None:

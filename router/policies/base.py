@@ -46,6 +46,16 @@ class Outcome:
     decision: Decision | None = None  # the decision this outcome is of (its handle)
 
 
+class CalibrationSample(NamedTuple):
+    """One calibration probe prompt on an instance (the gateway's join probe,
+    gateway/fleet/calibration_probe.py): `prompt_tokens` cold tokens (unique `cache_salt`:
+    nothing cached) on an instance with nothing else routed there, first token after
+    `ttft_s` seconds."""
+
+    prompt_tokens: int
+    ttft_s: float
+
+
 class Policy:
     """Chooses an instance for a request among healthy candidates (never empty).
 
@@ -64,6 +74,8 @@ class Policy:
     - `set_bandwidths(instance, {tier label: bytes/s})` (from tierd's stats) and
       `set_kv_capacity(instance, tokens)` (from the engine's `vllm:cache_config_info`);
       the gateway discovers capacities only for a policy with `wants_kv_capacity`;
+    - `calibrate(instance, samples)`: the instance's join probe measured these cold, idle
+      TTFTs (`CalibrationSample`) before any routed request reached it;
     - `stats()`: what a learning policy knows, for `/admin` (None: nothing to say).
     `session_affine` says whether players' session bindings across gateway replicas apply
     (False for the session-blind baselines)."""
@@ -90,6 +102,9 @@ class Policy:
         return None
 
     def set_kv_capacity(self, instance: str, tokens: int) -> None:
+        return None
+
+    def calibrate(self, instance: str, samples: Sequence[CalibrationSample]) -> None:
         return None
 
     def stats(self) -> dict[str, object] | None:

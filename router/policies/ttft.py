@@ -92,7 +92,7 @@ from typing import Any
 
 from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
 from router.footprints import SessionFootprints
-from router.policies.base import InstanceView, Outcome, Policy
+from router.policies.base import CalibrationSample, InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
 from router.policies.ttft_guard import TrustGuard
 from router.policies.ttft_records import Pending, Scored, explain, tie_key
@@ -190,6 +190,11 @@ class TtftPolicy(Policy):
         """How far the policy trusts its predictions for `instance` (router/policies/
         ttft_guard.py): 0 means it follows `prefix` there."""
         return self.guard.trust(instance)
+
+    def calibrate(self, instance: str, samples: Sequence[CalibrationSample]) -> None:
+        """The join probe's cold, idle TTFTs price `instance` before any routed request
+        (`TtftCostModel.calibrate`); the guard's trust is still earned by routed outcomes."""
+        self.model.calibrate(instance, [(s.prompt_tokens, s.ttft_s) for s in samples])
 
     def set_bandwidths(self, instance: str, bandwidths: Mapping[str, float]) -> None:
         """Measured bytes/s per tier label ("host", "array", "snapshot") into `instance`'s HBM."""

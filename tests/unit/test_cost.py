@@ -161,3 +161,38 @@ def test_reuse_allowance_is_a_token_bucket() -> None:
     assert not budget.permits(1)
     budget.update(lost_tokens=50_000, prompt_tokens=10_000)  # forced moves: bounded debt
     assert budget.allowance == -20_000
+
+
+@pytest.mark.parametrize("truth", [0.01, 0.3, 40.0])
+def test_a_join_probe_prices_the_engine_before_any_routed_request(truth: float) -> None:
+    """Three cold probe prompts at `truth` x the prior's speed: the first prediction after
+    them is at that speed (the prior's weight is gone), where without them it is the
+    prior's."""
+    model = TtftCostModel(P)
+    assert model.speed_factor("a") == 1.0
+    sizes = (256, 1024, 4096)
+    samples = [(n, truth * _predict(model, prompt_tokens=n).compute_s) for n in sizes]
+    model.calibrate("a", samples)
+    assert model.speed_factor("a") == pytest.approx(truth, rel=1e-6)
+    cold = _predict(model, prompt_tokens=20_000)
+    assert cold.ttft_s == pytest.approx(truth * cold.compute_s, rel=1e-6)
+    # the probe leaves the routed requests' running means alone
+    assert model.snapshot()["a"]["samples"] == 0.0
+
+
+def test_a_probed_instance_keeps_learning_from_routed_outcomes() -> None:
+    model = TtftCostModel(P, forgetting=0.9)
+    model.calibrate("a", [(n, 2.0 * _predict(model, prompt_tokens=n).compute_s) for n in (512,)])
+    assert model.speed_factor("a") == pytest.approx(2.0)
+    for _ in range(40):  # the engine got 4x slower than the probe measured
+        pred = _predict(model)
+        model.observe(
+            "a", prompt_tokens=10_000, cached_tokens=0, ttft_s=4.0 * pred.compute_s, prediction=pred
+        )
+    assert model.speed_factor("a") == pytest.approx(4.0, rel=0.05)
+
+
+def test_probe_samples_without_a_time_are_ignored() -> None:
+    model = TtftCostModel(P)
+    model.calibrate("a", [(0, 1.0), (100, 0.0)])
+    assert model.speed_factor("a") == 1.0

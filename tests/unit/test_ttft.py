@@ -10,7 +10,7 @@ import pytest
 
 from contracts.tiers import Tier
 from router.cost import CostParams, TtftCostModel
-from router.policies.base import InstanceView, Outcome
+from router.policies.base import CalibrationSample, InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
 from router.types import Decision, RouteRequest
@@ -340,3 +340,30 @@ def test_commits_at_dispatch_for_the_instance_used_and_pairs_outcomes_by_decisio
         reference.observe("b", prompt_tokens=request.prompt_tokens, cached_tokens=0, ttft_s=0.5,
                           prediction=pred)  # fmt: skip
     assert policy.model.snapshot() == reference.snapshot()
+
+
+def test_the_join_probe_prices_a_slow_instance_slow_before_any_outcome() -> None:
+    """`calibrate` with the probe's cold TTFTs: b measured 20x slower than a is predicted
+    20x slower for the first routed request, where unprobed both are the prior's."""
+    policy = TtftPolicy(clock=Clock())
+    views = [InstanceView(id="a"), InstanceView(id="b")]
+
+    def predicted() -> dict[str, float]:
+        d = policy.preview(_req(), views)
+        return {c.instance: c.predicted_ttft_s or 0.0 for c in d.candidates}
+
+    before = predicted()
+    assert before["a"] == pytest.approx(before["b"])
+    prior = TtftCostModel()
+    for name, speed in (("a", 0.3), ("b", 6.0)):
+        samples = [
+            CalibrationSample(n, speed * prior.predict(
+                name, prompt_tokens=n, cached_tokens_by_tier={}, in_flight=0,
+                queued_prefill_tokens=0,
+            ).compute_s)
+            for n in (256, 1024, 4096)
+        ]  # fmt: skip
+        policy.calibrate(name, samples)
+    after = predicted()
+    assert after["b"] == pytest.approx(20 * after["a"], rel=1e-6)
+    assert after["a"] == pytest.approx(0.3 * before["a"], rel=1e-6)
