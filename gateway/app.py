@@ -26,6 +26,7 @@ from gateway.admin.ui.live import attach_ui
 from gateway.admin.ui.routes import build_ui_admin_router, build_ui_router
 from gateway.config.settings import Settings, load_settings
 from gateway.errors import install_error_handlers
+from gateway.fleet.calibration_probe import start_calibration_probe
 from gateway.fleet.engine_check import check_engines
 from gateway.fleet.engine_load import start_engine_load
 from gateway.fleet.health import HealthChecker
@@ -174,7 +175,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             attach_health_resync(state)
             state.pipeline = build_pipeline(state)  # over the parts just attached
             state.engine_load = start_engine_load(state.settings, state.health, registry, state)
+            probe = start_calibration_probe(
+                state.settings.calibration,
+                state.health,
+                state.router.policy,
+                state.client,
+                state,
+                chars_per_token=state.settings.routing.chars_per_token,
+            )
             await state.health.check_all()  # serve with a candidate set from the start
+            if probe is not None:  # the first probes price the fleet before it serves
+                await probe.settled()
             state.spawn(state.health.run(), "health-checks")
             if state.prefetch.available:
                 state.spawn(tier_stats_poller(state), "tier-stats")

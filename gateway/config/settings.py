@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from contracts.settings_sources import check_env, sources
 from gateway.config.base import StrictModel
+from gateway.config.collector import CollectorSettings
 from gateway.config.env_names import OTHER_NAMES, OTHER_PREFIXES
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 from gateway.config.policy import validate_params
@@ -253,6 +254,18 @@ class FleetSettings(StrictModel):
     drain_grace_s: float = Field(default=2.0, ge=0)
 
 
+class CalibrationSettings(StrictModel):
+    """The join probe (gateway/fleet/calibration_probe.py): when an instance joins (configured,
+    added at runtime, healthy again), a few cold prompts of `probe_tokens` sizes, each with a
+    unique `cache_salt`, `max_tokens` 1, price it for the policy before routed requests land
+    there; it stays out of the candidates (while others remain) for at most
+    `probe_timeout_s`."""
+
+    probe: bool = True
+    probe_timeout_s: float = Field(default=10.0, gt=0)
+    probe_tokens: list[PositiveInt] = Field(default_factory=lambda: [256, 1024, 4096], min_length=1)
+
+
 class UiSettings(StrictModel):
     """The operator page (gateway/admin/ui/): how often it samples history and scrapes engines."""
 
@@ -288,7 +301,9 @@ class Settings(BaseSettings):
     tiers: TierSettings = Field(default_factory=TierSettings)
     engine_metrics: EngineMetricsSettings = Field(default_factory=EngineMetricsSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
+    gc: CollectorSettings = Field(default_factory=CollectorSettings)  # `warmgate serve`'s
     warm: WarmSettings = Field(default_factory=WarmSettings)  # POST /v1/warm
     priority: PrioritySettings = Field(default_factory=PrioritySettings)  # classes, deadlines
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
