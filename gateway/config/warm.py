@@ -1,0 +1,58 @@
+"""Settings of warming (`POST /v1/warm`, gateway/pipeline/warm.py) and of per-request
+priority classes and TTFT deadlines (gateway/pipeline/priority.py). Nested under `Settings`
+(gateway/config/settings.py) as `warm` and `priority`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gateway.config.base import StrictModel
+
+PriorityClass = Literal["interactive", "normal", "background"]
+PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "normal", "background")
+_DEFAULT_LEVELS: tuple[tuple[PriorityClass, int], ...] = (
+    ("interactive", -10),
+    ("normal", 0),
+    ("background", 10),
+)
+
+
+class WarmSettings(StrictModel):
+    """A warm is the lowest-priority work there is: it runs on an instance only while that
+    instance has fewer than `max_real_in_flight` real requests in flight (from this
+    replica) and its engine reports at most `max_engine_waiting` waiting requests, with at
+    most `max_per_instance` warms at a time; otherwise 429 with Retry-After. A warm still
+    computing when a real request starts on its instance is cancelled (`yield_to_real`),
+    unless that instance schedules by priority (the engine then puts the warm last)."""
+
+    enabled: bool = True
+    max_real_in_flight: int = Field(default=4, ge=1)
+    max_engine_waiting: int = Field(default=0, ge=0)
+    max_per_instance: int = Field(default=2, ge=1)
+    yield_to_real: bool = True
+    tierd_wait_s: float = Field(default=2.0, gt=0)  # a restore from tierd waits this long
+    engine_timeout_s: float = Field(default=30.0, gt=0)  # the one-token request's bound
+    retry_after_s: int = Field(default=1, ge=1)
+    priority: int = 20  # the vLLM priority of a warm (lower is earlier; below background)
+
+
+class PrioritySettings(StrictModel):
+    """Priority classes (header `x-warmgate-priority` or body field `priority` naming a
+    class) as vLLM priorities (lower is handled earlier), sent to instances that run with
+    `--scheduling-policy priority` (`priority_scheduling: true` on the instance). Admission
+    sheds background work first: a background request is refused with 429 while its
+    instance has `background_max_in_flight` or more requests in flight."""
+
+    levels: dict[PriorityClass, int] = Field(default_factory=lambda: dict(_DEFAULT_LEVELS))
+    background_max_in_flight: int = Field(default=16, ge=1)
+    deadline_miss_status: Literal[429, 503] = 429  # when the caller names none
+    retry_after_s: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _every_class(self) -> PrioritySettings:
+        missing = [c for c in PRIORITY_CLASSES if c not in self.levels]
+        if missing:
+            raise ValueError(f"priority.levels needs every class; missing {missing}")
+        return self
