@@ -75,6 +75,7 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
             "models": [fleet.cfg.served_model_name],
             "kv_events_endpoint": e.kv_events_endpoint,
             "kv_events_replay_endpoint": e.kv_replay_endpoint,
+            "priority_scheduling": fleet.cfg.scheduling_policy == "priority",
             # its tierd: prefetch hints (engine block hashes) and measured tier bandwidths
             **({"tierd_url": tierds[e.id]} if e.id in tierds else {}),
             # and its residency (host memory, array, snapshots): priced by the router

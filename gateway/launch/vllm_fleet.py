@@ -85,6 +85,9 @@ class FleetConfig:
     kv_cache_gib: float = 1  # VLLM_CPU_KVCACHE_SPACE: whole GiB (vLLM parses an int)
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override: a small cache evicts soon
     max_model_len: int | None = None
+    # vLLM's --scheduling-policy: "priority" orders waiting requests by the `priority` the
+    # gateway sends (X-Vllm-Priority, lower first); the instance wants priority_scheduling
+    scheduling_policy: str = "fcfs"
     kv_events: bool = True
     kv_events_topic: str = ""
     kv_replay: bool = True
@@ -163,6 +166,8 @@ class VllmEngine:
             args += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
         if cfg.max_model_len is not None:
             args += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.scheduling_policy != "fcfs":
+            args += ["--scheduling-policy", cfg.scheduling_policy]
         if self.kv_events_endpoint is not None:
             events: dict[str, object] = {
                 "enable_kv_cache_events": True,

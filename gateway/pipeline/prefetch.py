@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -75,6 +76,19 @@ class PrefetchHints:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return True
+
+    async def restore(
+        self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None
+    ) -> dict[str, Any]:
+        """A hint waited for (a warm's restore): tierd's outcome counts (`hit`, `on_time`,
+        `late`, `abandoned`, `miss`) within about `deadline_s`; raises when it fails."""
+        client = self.clients.get(instance)
+        if client is None:
+            raise KeyError(f"{instance} has no tierd")
+        pending = client.prefetch(list(hashes), deadline_s, session, wait=True)
+        result = await asyncio.wait_for(pending, deadline_s + 1.0)
+        self._metrics.prefetch_hints.labels("sent").inc()
+        return result
 
     async def _send(
         self,

@@ -14,6 +14,7 @@ would wait out `timeouts.read_s`. Two bounds end that:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from gateway.upstream.transport import UpstreamResponse
 
@@ -39,10 +40,15 @@ class Attempt:
 class Inflight:
     def __init__(self) -> None:
         self._by_instance: dict[str, set[Attempt]] = {}
+        # called with the instance as each attempt begins (warms yield to real requests,
+        # gateway/pipeline/warm.py); pure in-memory callbacks, they must not block
+        self.on_begin: list[Callable[[str], None]] = []
 
     def begin(self, instance: str) -> Attempt:
         attempt = Attempt(instance)
         self._by_instance.setdefault(instance, set()).add(attempt)
+        for hook in self.on_begin:
+            hook(instance)
         return attempt
 
     def end(self, attempt: Attempt) -> None:

@@ -99,6 +99,7 @@ def gateway_config(fleet: VllmFleet, port: int, **settings: Any) -> dict[str, An
                 "models": [fleet.cfg.served_model_name],
                 "kv_events_endpoint": e.kv_events_endpoint,
                 "kv_events_replay_endpoint": e.kv_replay_endpoint,
+                "priority_scheduling": fleet.cfg.scheduling_policy == "priority",
             }
             for e in fleet
         ],

@@ -1,0 +1,316 @@
+"""Warming a session's prompt before the player speaks (`POST /v1/warm`, issue 22 item 1).
+
+`Warmer.warm(parsed)` routes the request exactly as the proxy would (`RequestPipeline.decide`,
+which binds the session to the chosen instance), then makes the KV of the prompt's full
+blocks resident there the cheapest way the prefix index knows of:
+- `held`: the index says the instance's engine cache (HBM) holds them: nothing to do;
+- `tierd`: the rest of the run is held by the instance's tierd (host memory, the array, a
+  snapshot): a prefetch hint, waited for (bounded by `warm.tierd_wait_s`);
+- `engine`: otherwise a one-token request to the engine (`max_tokens: 1`, never streamed,
+  its output discarded) computes them; the engine's cache keeps them.
+
+A warm is the lowest-priority work (gateway/config/warm.py `WarmSettings`): work that needs
+the engine runs only while the instance is quiet (fewer than `max_real_in_flight` real
+requests in flight here, at most `max_engine_waiting` waiting in the engine, fewer than
+`max_per_instance` warms), else `WarmDeferred` (429 with Retry-After). A real request that
+starts on an instance cancels its warms still computing (`yield_to_real`), unless the
+instance schedules by priority, where the engine puts the warm (`warm.priority`) last.
+Every warm is counted in `warmgate_warm_total{source,outcome}` and in `stats()` (the
+admin stats and operator page).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.config.settings import Settings
+from gateway.errors import OpenAIError
+from gateway.fleet.engine_load import EngineLoads
+from gateway.fleet.health import HealthChecker
+from gateway.json_codec import encode
+from gateway.pipeline.decide import RequestPipeline, Routed
+from gateway.pipeline.parse import ParsedRequest
+from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.priority import VLLM_PRIORITY_HEADER
+from gateway.upstream.inflight import Inflight
+from router.router import Router
+
+log = logging.getLogger("warmgate.warm")
+
+Source = Literal["held", "tierd", "engine"]
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+# fields of the client's body that would change what the engine computes or sends back
+_DROPPED = ("stream", "stream_options", "max_completion_tokens", "n", "logprobs", "top_logprobs")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmResult:
+    instance: str
+    prompt_tokens: int
+    cached_tokens: int  # before warming
+    warmed_tokens: int
+    source: Source
+    ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "warmed_tokens": self.warmed_tokens,
+            "source": self.source,
+            "ms": round(self.ms, 3),
+        }
+
+
+def deferred(instance: str, why: str, retry_after_s: int) -> OpenAIError:
+    """The warm's 429: it would compete with real work now."""
+    return OpenAIError(
+        429,
+        f"Warm deferred: {instance} {why}; a warm never delays real requests. "
+        f"Retry in {retry_after_s} s.",
+        type="rate_limit_error",
+        code="warm_deferred",
+        headers={"retry-after": str(retry_after_s)},
+    )
+
+
+class _Running:
+    """One engine warm in flight, cancelled when a real request starts on its instance."""
+
+    __slots__ = ("task", "yielded")
+
+    def __init__(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        self.task = task
+        self.yielded = False
+
+
+class Warmer:
+    """The gateway's warms (see module docstring), built once in the app's lifespan."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: RequestPipeline,
+        router: Router,
+        health: HealthChecker,
+        inflight: Inflight,
+        prefetch: PrefetchHints,
+        client: httpx.AsyncClient,
+        registry: CollectorRegistry,
+        engine_load: EngineLoads | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = settings.warm
+        self.pipeline = pipeline
+        self.router = router
+        self.health = health
+        self.inflight = inflight
+        self.prefetch = prefetch
+        self.client = client
+        self.engine_load = engine_load
+        self.total = Counter(
+            "warmgate_warm",
+            "Warms (POST /v1/warm) by source (held, tierd, engine) and outcome "
+            "(ok, deferred, yielded, failed).",
+            ["source", "outcome"],
+            registry=registry,
+        )
+        self.tally: Tally[tuple[str, str]] = Tally()
+        self._running: dict[str, set[_Running]] = {}  # engine warms
+        self._restoring: Tally[str] = Tally()  # tierd restores
+        inflight.on_begin.append(self._real_began)
+
+    # -- the warm ------------------------------------------------------------------------
+
+    async def warm(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> WarmResult:
+        """Warm `parsed`'s prompt on the instance its session is routed (and bound) to;
+        raises the 429 when deferred, a 502 when the engine or tierd failed."""
+        started = time.monotonic()
+        routed = await self.pipeline.decide(parsed, dry_run=False)
+        decision, rr = routed.decision, routed.route
+        instance = decision.instance
+        by_tier = decision.cached_tokens_by_tier
+        held = by_tier.get("hbm", 0)
+        bt = rr.block_tokens
+        full = max(0, (rr.prompt_tokens - 1) // bt * bt) if bt > 0 else 0  # warmable tokens
+        if held >= full:
+            self._count("held", "ok")
+            return WarmResult(instance, rr.prompt_tokens, held, 0, "held", _ms(started))
+        if sum(by_tier.values()) >= full and routed.prefetch is not None:
+            restored = await self._restore(routed)
+            return WarmResult(instance, rr.prompt_tokens, held, restored, "tierd", _ms(started))
+        answer = await self._compute(parsed, routed, headers)
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        prompt = _int(usage, "prompt_tokens", rr.prompt_tokens)
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = _int(details, "cached_tokens", 0)
+        return WarmResult(instance, prompt, cached, max(0, prompt - cached), "engine", _ms(started))
+
+    async def _restore(self, routed: Routed) -> int:
+        plan = routed.prefetch
+        assert plan is not None
+        instance = plan.instance
+        if self.in_flight(instance) >= self.config.max_per_instance:
+            self._count("tierd", "deferred")
+            raise deferred(instance, "has warms in flight", self.config.retry_after_s)
+        wait_s = self.config.tierd_wait_s
+        self._restoring[instance] += 1
+        try:
+            await self.prefetch.restore(instance, plan.chain, wait_s, plan.session)
+        except Exception as exc:
+            self._count("tierd", "failed")
+            raise OpenAIError(
+                502,
+                f"Warm failed: {instance}'s tierd did not restore the prompt: {exc!r}",
+                type="server_error",
+                code="warm_failed",
+            ) from None
+        finally:
+            self._restoring[instance] -= 1
+        self._count("tierd", "ok")
+        by_tier = routed.decision.cached_tokens_by_tier
+        return sum(n for label, n in by_tier.items() if label != "hbm")
+
+    def _admission(self, instance: str) -> str | None:
+        """Why the instance cannot take an engine warm now, or None."""
+        cfg = self.config
+        warms = self.in_flight(instance)
+        if warms >= cfg.max_per_instance:
+            return f"has {warms} warms in flight (limit {cfg.max_per_instance})"
+        real = self.inflight.count(instance)
+        if real >= cfg.max_real_in_flight:
+            return f"has {real} real requests in flight (warms run under {cfg.max_real_in_flight})"
+        load = self.engine_load.loads.get(instance) if self.engine_load is not None else None
+        if load is not None and load.waiting is not None and load.waiting > cfg.max_engine_waiting:
+            return f"reports {load.waiting:.0f} requests waiting"
+        return None
+
+    async def _compute(
+        self, parsed: ParsedRequest, routed: Routed, headers: Mapping[str, str]
+    ) -> dict[str, Any]:
+        instance = routed.decision.instance
+        why = self._admission(instance)
+        if why is not None:
+            self._count("engine", "deferred")
+            raise deferred(instance, why, self.config.retry_after_s)
+        rr, decision = routed.route, routed.decision
+        self.router.on_dispatch(rr, decision, instance)
+        task = asyncio.create_task(self._post(parsed, instance, headers))
+        running = _Running(task)
+        self._running.setdefault(instance, set()).add(running)
+        ok, cached = False, None
+        try:
+            answer = await task
+            ok = True
+            cached = _int(_usage_details(answer), "cached_tokens", 0)
+        except asyncio.CancelledError:
+            if not running.yielded:
+                self._count("engine", "failed")
+                raise  # the client went away: the task is cancelled with us
+            self._count("engine", "yielded")
+            raise deferred(instance, "took a real request", self.config.retry_after_s) from None
+        except OpenAIError as err:
+            self._count("engine", "deferred" if err.status == 429 else "failed")
+            raise
+        finally:
+            self._running[instance].discard(running)
+            self.router.on_complete(
+                rr, decision, instance, ttft_s=None, reported_cached_tokens=cached, ok=ok
+            )
+        self._count("engine", "ok")
+        return answer
+
+    async def _post(
+        self, parsed: ParsedRequest, instance: str, client_headers: Mapping[str, str]
+    ) -> dict[str, Any]:
+        body = {k: v for k, v in parsed.body.items() if k not in _DROPPED}
+        body["max_tokens"] = 1
+        body["stream"] = False
+        headers = {"content-type": "application/json", **client_headers}
+        spec = self.health.spec(instance)
+        if spec is not None and spec.priority_scheduling:
+            headers[VLLM_PRIORITY_HEADER] = str(self.config.priority)
+        url = self.health.instance_url(instance) + _PATHS[parsed.kind]
+        try:
+            async with asyncio.timeout(self.config.engine_timeout_s):
+                r = await self.client.post(
+                    url, content=encode(body, parsed.fast_json), headers=headers
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise _failed(instance, f"{type(exc).__name__}: {exc}") from None
+        if r.status_code in (429, 503):
+            raise deferred(instance, f"answered {r.status_code}", self.config.retry_after_s)
+        if r.status_code >= 400:
+            raise _failed(instance, f"answered {r.status_code}: {r.text[:200]}")
+        try:
+            answer = r.json()
+        except ValueError:
+            raise _failed(instance, "answered a body that is not JSON") from None
+        return answer if isinstance(answer, dict) else {}
+
+    # -- yielding, accounting ------------------------------------------------------------
+
+    def _real_began(self, instance: str) -> None:
+        """An `Inflight.on_begin` hook: a real attempt started on `instance`."""
+        running = self._running.get(instance)
+        if not running or not self.config.yield_to_real:
+            return
+        spec = self.health.spec(instance)
+        if spec is not None and spec.priority_scheduling:
+            return  # the engine orders them: the warm is last in its queue
+        for r in running:
+            if not r.yielded:
+                r.yielded = True
+                r.task.cancel()
+
+    def _count(self, source: Source, outcome: str) -> None:
+        self.total.labels(source, outcome).inc()
+        self.tally[(source, outcome)] += 1
+
+    def in_flight(self, instance: str) -> int:
+        """Warms in flight on `instance` (engine and tierd)."""
+        return len(self._running.get(instance, ())) + self._restoring[instance]
+
+    def stats(self) -> dict[str, Any]:
+        """Warms by source and outcome, and those in flight per instance."""
+        by: dict[str, dict[str, int]] = {}
+        for (source, outcome), n in sorted(self.tally.items()):
+            by.setdefault(source, {})[outcome] = n
+        return {
+            "total": sum(self.tally.values()),
+            "by_source": by,
+            "in_flight": {
+                i: n for i in {*self._running, *self._restoring} if (n := self.in_flight(i))
+            },
+        }
+
+
+def _failed(instance: str, why: str) -> OpenAIError:
+    return OpenAIError(
+        502, f"Warm failed: {instance} {why}", type="server_error", code="warm_failed"
+    )
+
+
+def _usage_details(answer: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    usage = answer.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return details if isinstance(details, dict) else None
+
+
+def _int(holder: Mapping[str, Any] | None, name: str, default: int) -> int:
+    value = holder.get(name) if holder is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000.0
