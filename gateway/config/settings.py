@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from contracts.settings_sources import check_env, sources
 from gateway.config.base import StrictModel
+from gateway.config.collector import CollectorSettings
 from gateway.config.env_names import OTHER_NAMES, OTHER_PREFIXES
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 from gateway.config.policy import validate_params
@@ -302,6 +303,7 @@ class Settings(BaseSettings):
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
+    gc: CollectorSettings = Field(default_factory=CollectorSettings)  # `warmgate serve`'s
     warm: WarmSettings = Field(default_factory=WarmSettings)  # POST /v1/warm
     priority: PrioritySettings = Field(default_factory=PrioritySettings)  # classes, deadlines
     # Stream from the engine even for non-streaming clients (the answer is assembled): the

@@ -9,15 +9,18 @@ import argparse
 import gc
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from gateway.app import create_app
 from gateway.config.settings import Settings, load_settings
 from gateway.http.access import Access, is_loopback
 from gateway.http.listener import serve
+from gateway.observe.gc_pauses import tune_collector
 from gateway.observe.logs import configure_logging, logging_config
 
 log = logging.getLogger("warmgate.serve")
@@ -63,12 +66,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
     for warning in exposure_warnings(settings):
         log.warning(warning)
+    tune_collector(settings.gc)
     app = create_app(settings)
     # What start-up made (modules, routes, settings) lives as long as the process: frozen,
     # no full collection walks it again, so each pauses the requests in flight for less.
     gc.freeze()
+    if settings.gc.freeze_after_start:
+        freeze_when_started(app)
     serve(app, settings, logging_config(settings.log_level))
     return 0
+
+
+def freeze_when_started(app: FastAPI) -> None:
+    """Freeze again once the app's lifespan has started (the router, the clients, the
+    tasks it built live as long as the process too), before the first request."""
+    started = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[Any]:
+        async with started(a) as value:
+            gc.freeze()
+            yield value
+
+    app.router.lifespan_context = lifespan
 
 
 def exposure_warnings(settings: Settings) -> list[str]:

@@ -13,6 +13,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.config.collector import CollectorSettings
+
 PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -51,3 +53,9 @@ class GcPauses:
     async def remove(self) -> None:  # an AppState closer
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+
+def tune_collector(settings: CollectorSettings) -> None:
+    """The process's collector thresholds (gateway/config/collector.py says why). For the
+    process that serves (`warmgate serve`), not for an app built inside another one."""
+    gc.set_threshold(settings.young, settings.middle, settings.old)
