@@ -53,6 +53,14 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
+        self.continuation_modes = Counter(
+            "warmgate_continuation",
+            "Streams continued, by how the next instance was asked to go on: token_ids (the "
+            "prompt's and the sent tokens' ids) or text (the engine gave no ids, or the next "
+            "instance refused a token-id prompt).",
+            ["mode"],
+            registry=r,
+        )
         self.failovers = Counter(
             "warmgate_failovers",
             "Requests retried on a fallback instance after a failure before the first byte.",

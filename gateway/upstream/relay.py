@@ -29,6 +29,8 @@ from gateway.upstream.continuation import SoFar, Stitcher, so_far
 from gateway.upstream.disconnect import Abandoned, RelayResponse, race_disconnect
 from gateway.upstream.inflight import Attempt
 from gateway.upstream.sse import SseRelay
+from gateway.upstream.token_ids import client_wants as client_wants_ids
+from gateway.upstream.token_ids import strip as strip_ids
 from gateway.upstream.transport import TransportError, UpstreamResponse
 
 log = logging.getLogger("warmgate.proxy")
@@ -175,6 +177,8 @@ class Resumed:
     it: AsyncIterator[bytes]
     first: bytes
     attempt: Attempt
+    mode: str = "text"  # how it goes on: "token_ids" or "text" (gateway.upstream.continuation)
+    kind: str = ""  # the format of its chunks, when not the client's
 
 
 Resume = Callable[[SoFar], Awaitable[Resumed | None]]
@@ -242,7 +246,11 @@ class _Relay:
         self.resp, self.it, self.attempt = resp, it, attempt
         self.resume = resume
         self.relay = SseRelay(strip_usage=not ex.parsed.client_wants_usage)
+        # the frames sent, token ids included: what a continuation goes on from
         self.sent: list[bytes] | None = [] if resume is not None else None
+        # a continuable stream was asked for token ids (gateway.upstream.token_ids): the
+        # client sees them only if it asked too
+        self.strip_ids = resume is not None and not client_wants_ids(ex.parsed)
         self.stitch: Stitcher | None = None
         self.continued_from: list[str] = []
 
@@ -251,6 +259,8 @@ class _Relay:
             pieces = [p for p in map(self.stitch, pieces) if p]
         if self.sent is not None:
             self.sent.extend(pieces)
+        if self.strip_ids:
+            pieces = [strip_ids(p) for p in pieces]
         return pieces
 
     async def close(self) -> None:
@@ -326,12 +336,14 @@ class _Relay:
             metrics.labels("failed").inc()
             return None
         metrics.labels("continued").inc()
+        self.ex.state.metrics.continuation_modes.labels(resumed.mode).inc()
         await self.close()
         log.info(
-            "stream continued on %s after %s failed (%d pieces sent)",
+            "stream continued on %s after %s failed (%d tokens sent, by %s)",
             resumed.instance,
             self.instance,
-            sent.pieces,
+            sent.tokens,
+            resumed.mode,
             extra={"instance": resumed.instance},
         )
         self.instance, self.resp, self.it, self.attempt = (
@@ -341,5 +353,7 @@ class _Relay:
             resumed.attempt,
         )
         self.relay = SseRelay(strip_usage=not self.ex.parsed.client_wants_usage)
-        self.stitch = Stitcher(sent, self.ex.parsed.kind, resumed.instance)
+        self.stitch = Stitcher(
+            sent, self.ex.parsed.kind, resumed.instance, resumed.mode, resumed.kind
+        )
         return resumed

@@ -1,6 +1,8 @@
 """Where a stream that failed mid-way goes on: the request's remaining fallbacks (then any
-healthy instance serving the model), each asked with the continuation body
-(gateway/upstream/continuation.py) under the same first-byte deadline as a first attempt."""
+healthy instance serving the model), each asked with the continuations of
+gateway/upstream/continuation.py, best first (by token ids, then by text: a 4xx to a
+token-id prompt, an instance that cannot take one, is asked by text), under the same
+first-byte deadline as a first attempt."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import logging
 from gateway.json_codec import encode
 from gateway.pipeline.accounting import RequestAccounting
 from gateway.state import AppState
-from gateway.upstream.continuation import SoFar, continuation_body
+from gateway.upstream.continuation import Continuation, SoFar, continuations
 from gateway.upstream.relay import Resume, Resumed
 from gateway.upstream.transport import TransportError, target_of
 
@@ -22,39 +24,60 @@ def resumer(
     tried: set[str] = set()
 
     async def resume(sent: SoFar) -> Resumed | None:
-        body = continuation_body(ex.parsed, sent)
-        if body is None:
+        ways = continuations(ex.parsed, sent, path)
+        if not ways:
             return None
-        raw = encode(body, ex.parsed.fast_json)
         healthy = state.health.candidates_for(ex.parsed.model)
         failed = set(sent.continued_from)
         todo = [i for i in dict.fromkeys([*order, *healthy]) if i in healthy]
-        t = state.settings.timeouts
         for instance in todo:
             if instance in failed or instance in tried:
                 continue
             tried.add(instance)
-            inflight = state.inflight
-            attempt = inflight.begin(instance)
-            target = target_of(state.health.instance_url(instance) + path)
-            try:
-                resp = await state.upstream.post(target, headers, raw, t.first_byte_s)
-            except TransportError as exc:
-                inflight.end(attempt)
-                log.info("continuation on %s failed: %s", instance, exc)
-                continue
-            attempt.response = resp
-            it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
-            try:
-                first = await anext(it, b"") if resp.status_code == 200 else b""
-            except TransportError:
-                first = b""
-            if not first:
-                await resp.aclose()
-                inflight.end(attempt)
-                continue
-            attempt.streaming = True
-            return Resumed(instance, resp, it, first, attempt)
+            for way in ways:
+                resumed, refused = await _try(state, ex, instance, headers, way)
+                if resumed is not None:
+                    return resumed
+                if not refused:
+                    break  # the instance failed, not the way of asking: the next instance
         return None
 
     return resume
+
+
+async def _try(
+    state: AppState,
+    ex: RequestAccounting,
+    instance: str,
+    headers: dict[str, str],
+    way: Continuation,
+) -> tuple[Resumed | None, bool]:
+    """The continuation under way on `instance`, or None and whether the instance refused
+    this way of asking (a 4xx other than 429), so another way may be tried there."""
+    t = state.settings.timeouts
+    inflight = state.inflight
+    attempt = inflight.begin(instance)
+    target = target_of(state.health.instance_url(instance) + way.path)
+    raw = encode(way.body, ex.parsed.fast_json)
+    try:
+        resp = await state.upstream.post(target, headers, raw, t.first_byte_s)
+    except TransportError as exc:
+        inflight.end(attempt)
+        log.info("continuation on %s failed: %s", instance, exc)
+        return None, False
+    attempt.response = resp
+    status = resp.status_code
+    it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
+    try:
+        first = await anext(it, b"") if status == 200 else b""
+    except TransportError:
+        first = b""
+    if not first:
+        await resp.aclose()
+        inflight.end(attempt)
+        refused = 400 <= status < 500 and status != 429
+        if refused:
+            log.info("continuation by %s refused by %s (%d)", way.mode, instance, status)
+        return None, refused
+    attempt.streaming = True
+    return Resumed(instance, resp, it, first, attempt, way.mode, way.kind), False
