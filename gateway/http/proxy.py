@@ -27,6 +27,7 @@ from gateway.errors import (
 )
 from gateway.pipeline.accounting import RequestAccounting
 from gateway.pipeline.parse import ParsedRequest, upstream_body
+from gateway.pipeline.priority import NONE, RequestPriority, admit
 from gateway.state import AppState
 from gateway.upstream.disconnect import Abandoned, ClientDisconnected, race_disconnect
 from gateway.upstream.inflight import Attempt
@@ -44,6 +45,7 @@ from gateway.upstream.relay import (
     whole,
 )
 from gateway.upstream.resume import resumer as _resumer
+from gateway.upstream.token_ids import ask as ask_token_ids
 from gateway.upstream.transport import (
     Target,
     TransportError,
@@ -86,18 +88,28 @@ def _openai_error_body(content: bytes) -> bool:
 
 
 async def proxy_completion(
-    state: AppState, request: Request, parsed: ParsedRequest, path: str, request_id: str
+    state: AppState,
+    request: Request,
+    parsed: ParsedRequest,
+    path: str,
+    request_id: str,
+    priority: RequestPriority = NONE,
 ) -> Response:
-    """Serve one `/v1/chat/completions` or `/v1/completions` request."""
+    """Serve one `/v1/chat/completions` or `/v1/completions` request (`priority`: its class
+    and TTFT deadline, gateway/pipeline/priority.py)."""
     started = time.monotonic()
     pipeline = state.pipeline
     assert pipeline is not None, "built in the lifespan"
     routed = await pipeline.decide(parsed, dry_run=False)
+    if priority.asks:  # shed background work, meet the deadline or answer at once
+        routed = admit(routed, priority, state.inflight.count, state.settings.priority)
     rr, decision = routed.route, routed.decision
     ex = RequestAccounting(state, parsed, rr, decision, started, request_id)
     pipeline.send_prefetch(routed)
     order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
+    if parsed.stream and state.settings.continue_streams:
+        body = ask_token_ids(parsed, body)  # what a continuation goes on from
     headers = _request_headers(request, request_id, forward_auth=not state.access.any_keys)
     last: AttemptFailed | None = None
     request_faults = 0
@@ -112,7 +124,9 @@ async def proxy_completion(
             resume = None
             if parsed.stream and state.settings.continue_streams:
                 resume = _resumer(state, ex, path, headers, order[attempt + 1 :] or order)
-            return await _attempt(state, request, ex, instance, path, body, headers, resume)
+            spec = state.health.spec(instance)
+            sent = priority.engine_headers(headers, spec is not None and spec.priority_scheduling)
+            return await _attempt(state, request, ex, instance, path, body, sent, resume)
         except AttemptFailed as failed:
             ex.attempt_failed(instance, failed.kind, str(failed))
             last = failed
