@@ -46,6 +46,19 @@ async def _tierd_slices(fleet: SimFleet, client: httpx.AsyncClient) -> dict[str,
     }
 
 
+async def _continued_by(urls: list[str], client: httpx.AsyncClient) -> dict[str, int]:
+    """Streams continued, by mode (token_ids, text), from the gateways' own counters."""
+    by: Counter[str] = Counter()
+    for url in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            text = (await client.get(f"{url}/metrics", timeout=2)).text
+            for line in text.splitlines():
+                if line.startswith('warmgate_continuation_total{mode="'):
+                    mode = line.split('"')[1]
+                    by[mode] += int(float(line.rsplit(" ", 1)[1]))
+    return dict(by)
+
+
 async def run_row(
     fault: Fault, extra: Any, args: argparse.Namespace, run_dir: Path, fleet: Any = None
 ) -> dict[str, Any]:
@@ -91,6 +104,7 @@ async def run_row(
             )
             await run
             results = load.recorded()
+            continued_by = await _continued_by(fleet.gateway_urls, client)
             after = await _tierd_slices(fleet, client) if fleet.tierds else None
         healthy = fleet.engine_urls[-1]
         verified = await load.verify(healthy, sample=args.verify)
@@ -114,6 +128,7 @@ async def run_row(
         "failed_mid_stream": len(failed_mid),
         "continued": sum(r.continued for r in results),
         "continued_identical_to_uninterrupted": f"{continued_same} of {continued_checked}",
+        "continued_by": continued_by,
         "time_to_detect_s": detect,
         "time_to_recover_s": recover,
         "wrong_answers": sum(r.wrong is not None for r in results),
@@ -127,11 +142,11 @@ async def run_row(
 
 def _continued(row: dict[str, Any]) -> str:
     same = row.get("continued_identical_to_uninterrupted")
-    return (
-        f"{row['continued']} ({same} identical)"
-        if row["continued"] and same
-        else str(row["continued"])
-    )
+    if not (row["continued"] and same):
+        return str(row["continued"])
+    by = row.get("continued_by") or {}
+    modes = ", ".join(f"{n} by {m.replace('_', ' ')}" for m, n in sorted(by.items()))
+    return f"{row['continued']} ({same} identical{'; ' + modes if modes else ''})"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

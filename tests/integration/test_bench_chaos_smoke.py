@@ -1,5 +1,6 @@
 """`warmgate bench chaos` end to end on one short row (engine SIGKILL): the row is written
-with its columns, every request is accounted for, none is a wrong answer and none lost."""
+with its columns, every request is accounted for, none is a wrong answer and none lost;
+the streams continued are counted by how they went on."""
 
 from __future__ import annotations
 
@@ -24,4 +25,7 @@ def test_chaos_engine_sigkill_row(tmp_path: Path) -> None:
     assert row["answers_verified"] == 10
     assert row["wrong_answers"] == 0 and row["data_lost"] == 0
     assert row["time_to_detect_s"] is not None  # the killed engine was marked unhealthy
+    # simulated engines report token ids: a stream cut there goes on by them, never by text
+    assert set(row["continued_by"]) <= {"token_ids"}
+    assert sum(row["continued_by"].values()) == row["continued"]
     assert out.with_suffix(".md").read_text().count("engine SIGKILL") == 1

@@ -1,7 +1,9 @@
 """The proxy's fast paths end to end, against a real loopback engine stand-in that echoes
 the body it received (base64, in a response header) and streams fixed chunks: a body that
-needs no change reaches the engine byte for byte; one that does is patched and nothing else;
-relayed streams still yield TTFT, usage and reported cached tokens."""
+needs no change reaches the engine byte for byte (a stream that may be continued: with
+`"return_token_ids":true` appended to its bytes, gateway/upstream/token_ids.py); one that
+does is patched and nothing else; relayed streams still yield TTFT, usage and reported
+cached tokens."""
 
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def test_a_body_that_needs_no_change_reaches_the_engine_byte_for_byte(fleet: Fle
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 200
-    assert echoed(r) == raw
+    assert echoed(r) == raw[:-1].rstrip() + b',"return_token_ids":true}'
     got = frames(r.text)
     assert got[-1] == "[DONE]"
     assert json.loads(got[1])["choices"][0]["delta"]["content"] == "Hail"
@@ -111,7 +113,11 @@ def test_a_stream_without_usage_is_patched_and_the_usage_chunk_hidden(fleet: Fle
     before = fleet.admin("stats")
     r = httpx.post(f"{fleet.base}/v1/chat/completions", json=body)
     assert r.status_code == 200
-    assert json.loads(echoed(r)) == {**body, "stream_options": {"include_usage": True}}
+    assert json.loads(echoed(r)) == {
+        **body,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
     got = frames(r.text)
     assert got[-1] == "[DONE]" and all("usage" not in json.loads(f) for f in got[:-1])
     after = fleet.admin("stats")
