@@ -7,8 +7,17 @@ Writes JSON (per policy: `token_hit_rate`, `hit_rate_by_tier` {hbm, host, array}
 `ttft_p50_s` / `ttft_p90_s` / `ttft_p99_s`, `tpot_p50_s` / `tpot_p90_s` / `tpot_p99_s` (time
 per output token after the first), `load_imbalance` (max / mean requests per
 instance), `requests`, utilisation and concurrency per instance; plus
-`upper_bound_token_hit_rate`, one infinite cache) and prints a Markdown table.
-Policies run one after another, or in `--jobs` worker processes.
+`upper_bound_token_hit_rate`, one infinite cache: the workload's reusable maximum, and per
+policy `share_of_reusable`, its token hit rate as a fraction of it) and prints a Markdown
+table. Policies run one after another, or in `--jobs` worker processes.
+
+`--seeds 7-15` runs the comparison once per seed (`bench.cluster_seeds`: `--trace game`
+generates each seed's game trace, a `--trace` with `{seed}` in it names files) and reports
+per seed and the median and range of each policy's TTFT ratios to `--baseline`.
+
+Every instance is measured by the gateway's join probe before the trace starts
+(`--probe`, the default, as `calibration.probe` is in the gateway; `sim.cluster.probe`), so
+`ttft` starts from its generic prior plus the probe; `--no-probe` is the prior alone.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.cluster_seeds import distinct_block_tokens, markdown, parse_seeds, parse_share, run_seeds
 from sim.cluster.metrics import distinct_tokens, upper_bound_token_hit_rate
+from sim.cluster.reuse import share_of_reusable
 from sim.cluster.runner import Prior, run_policy
 from sim.cluster.simulator import ClusterConfig
 from sim.profiles import DEFAULT_PROFILE, get_profile
@@ -34,8 +45,35 @@ DEFAULT_POLICIES = "round_robin,least_load,session,prefix,ttft"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warmgate bench cluster", description=__doc__)
     p.add_argument(
-        "--trace", required=True, help="Mooncake-format JSONL trace, or an Azure CSV (.csv)"
+        "--trace",
+        required=True,
+        help="Mooncake-format JSONL trace, or an Azure CSV (.csv); with --seeds: `game` "
+        "(the game workload of each seed) or a path with {seed} in it",
     )
+    p.add_argument("--seeds", default=None, help="run every seed: 7-15, 1,3,5 or 1-3,20-22")
+    p.add_argument("--players", type=int, default=120, help="--trace game: players")
+    p.add_argument("--minutes", type=float, default=10.0, help="--trace game: minutes")
+    p.add_argument(
+        "--l1-share",
+        default=None,
+        help="HBM KV per instance as a share of the trace's distinct blocks x block tokens "
+        "(e.g. 1/12), instead of --l1-tokens",
+    )
+    p.add_argument("--baseline", default="prefix", help="--seeds: ratios are to this policy")
+    p.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure every instance with the gateway's join probe before the trace",
+    )
+    p.add_argument(
+        "--params",
+        action="append",
+        default=[],
+        metavar="POLICY=JSON",
+        help="constructor parameters of one policy, e.g. ttft='{\"trust_error\": 0.2}'",
+    )
+    p.add_argument("--md", dest="md_out", default=None, help="write the Markdown here")
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id")
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--l1-tokens", type=int, default=2_000_000, help="HBM KV per instance")
@@ -63,22 +101,41 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _one(
-    trace_path: str, limit: int | None, config: ClusterConfig, policy: str, prior: Prior
+    trace_path: str,
+    limit: int | None,
+    config: ClusterConfig,
+    policy: str,
+    prior: Prior,
+    probe: bool,
+    params: dict[str, Any] | None,
 ) -> dict[str, Any]:
     trace = load_trace(trace_path, block_tokens=config.block_tokens, limit=limit)
-    return run_policy(trace, config, policy, prior=prior)
+    return run_policy(trace, config, policy, params, prior=prior, probe=probe)
+
+
+def policy_params(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`--params POLICY=JSON` items as {policy: params}."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        value = json.loads(text) if sep else None
+        if not isinstance(value, dict):
+            raise SystemExit(f"--params {item!r}: want POLICY=a JSON object")
+        out.setdefault(name.strip(), {}).update(value)
+    return out
 
 
 def markdown_table(results: dict[str, Any]) -> str:
     head = (
-        "| policy | requests | token hit | HBM | host | array | TTFT p50 s | p90 s | p99 s "
-        "| TPOT p50 ms | p99 ms | imbalance | busy | prefill share | conc./inst. |"
+        "| policy | requests | token hit | of max | HBM | host | array | TTFT p50 s | p90 s "
+        "| p99 s | TPOT p50 ms | p99 ms | imbalance | busy | prefill share | conc./inst. |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for name, r in results["policies"].items():
         t = r["hit_rate_by_tier"]
         lines.append(
-            f"| {name} | {r['requests']} | {r['token_hit_rate']:.3f} | {t['hbm']:.3f} "
+            f"| {name} | {r['requests']} | {r['token_hit_rate']:.3f} "
+            f"| {r['share_of_reusable'] or 0.0:.2f} | {t['hbm']:.3f} "
             f"| {t['host']:.3f} | {t['array']:.3f} | {r['ttft_p50_s']:.3f} "
             f"| {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} "
             f"| {1000 * r['tpot_p50_s']:.1f} | {1000 * r['tpot_p99_s']:.1f} "
@@ -87,7 +144,7 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"| {r['concurrency_mean_per_instance']:.1f} |"
         )
     lines.append(
-        f"\nupper bound token hit rate (one infinite cache): "
+        f"\nreusable maximum (token hit rate of one infinite cache): "
         f"{results['upper_bound_token_hit_rate']:.3f}"
     )
     return "\n".join(lines)
@@ -102,6 +159,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not trace:
         raise SystemExit(f"{args.trace}: no requests")
     mismatched = check_block_counts(trace, args.block_tokens)
+    if args.l1_share is not None:
+        args.l1_tokens = max(
+            args.block_tokens,
+            round(distinct_block_tokens(trace, args.block_tokens) * parse_share(args.l1_share)),
+        )
     if mismatched:
         print(
             f"warning: {mismatched} requests have len(hash_ids) != "
@@ -119,17 +181,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         array_write_through=args.array_write_through,
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    params = policy_params(args.params)
     per_policy: dict[str, dict[str, Any]] = {}
     if args.jobs > 1 and len(policies) > 1:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(policies))) as pool:
             futures = {
-                p: pool.submit(_one, args.trace, args.limit, config, p, args.prior)
+                p: pool.submit(
+                    _one, args.trace, args.limit, config, p, args.prior, args.probe, params.get(p)
+                )
                 for p in policies
             }
             per_policy = {p: f.result() for p, f in futures.items()}
     else:
         for p in policies:
-            per_policy[p] = run_policy(trace, config, p, prior=args.prior)
+            per_policy[p] = run_policy(
+                trace, config, p, params.get(p), prior=args.prior, probe=args.probe
+            )
+    reusable = upper_bound_token_hit_rate(trace, args.block_tokens)
+    for figures in per_policy.values():
+        figures["share_of_reusable"] = share_of_reusable(figures["token_hit_rate"], reusable)
     span_ms = trace[-1].timestamp_ms - trace[0].timestamp_ms
     return {
         "trace": str(args.trace),
@@ -144,16 +214,79 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "array_write_through": args.array_write_through,
             "limit": args.limit,
             "ttft_prior": args.prior,
+            "probe": args.probe,
+            "policy_params": params,
             "index_feed": "predict-on-route + residency events (HBM/host/array stored/removed)",
         },
         "trace_requests": len(trace),
         "trace_span_s": span_ms / 1000.0 / args.rate_scale,
         "arrival_rate_per_s": len(trace) / max(1e-9, span_ms / 1000.0 / args.rate_scale),
         "distinct_tokens": distinct_tokens(trace, args.block_tokens),
-        "upper_bound_token_hit_rate": upper_bound_token_hit_rate(trace, args.block_tokens),
+        "upper_bound_token_hit_rate": reusable,
         "policies": per_policy,
         "wall_s": time.perf_counter() - started,
     }
+
+
+def run_many(args: argparse.Namespace) -> dict[str, Any]:
+    """`--seeds`: every seed under every policy (bench.cluster_seeds)."""
+    started = time.perf_counter()
+    get_profile(args.profile)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    base = ClusterConfig(
+        instances=args.instances,
+        block_tokens=args.block_tokens,
+        l1_tokens=args.l1_tokens,
+        l2_tokens=args.l2_tokens,
+        array_tokens=args.array_tokens,
+        profile=args.profile,
+        rate_scale=args.rate_scale,
+        array_write_through=args.array_write_through,
+    )
+    params = policy_params(args.params)
+    results = run_seeds(
+        trace=args.trace,
+        seeds=parse_seeds(args.seeds),
+        policies=policies,
+        base=base,
+        l1_share=parse_share(args.l1_share) if args.l1_share is not None else None,
+        players=args.players,
+        minutes=args.minutes,
+        baseline=args.baseline,
+        prior=args.prior,
+        probe=args.probe,
+        params=params,
+        jobs=max(1, args.jobs),
+    )
+    results["config"] = {
+        "trace": args.trace,
+        "instances": args.instances,
+        "block_tokens": args.block_tokens,
+        "l1_tokens": None if args.l1_share is not None else args.l1_tokens,
+        "l1_share": args.l1_share,
+        "l2_tokens": args.l2_tokens,
+        "array_tokens": args.array_tokens,
+        "profile": args.profile,
+        "rate_scale": args.rate_scale,
+        "array_write_through": args.array_write_through,
+        "ttft_prior": args.prior,
+        "probe": args.probe,
+        "policy_params": params,
+        "players": args.players if args.trace == "game" else None,
+        "minutes": args.minutes if args.trace == "game" else None,
+    }
+    results["wall_s"] = time.perf_counter() - started
+    return results
+
+
+def _write(args: argparse.Namespace, results: dict[str, Any], table: str) -> None:
+    print(table)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+    if args.md_out:
+        Path(args.md_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md_out).write_text(table + "\n")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -163,12 +296,24 @@ def main(argv: Sequence[str]) -> int:
             "instances, block tokens and l1 tokens (>= one block) must be positive", file=sys.stderr
         )
         return 2
+    try:
+        if args.l1_share is not None:
+            parse_share(args.l1_share)
+        if args.seeds is not None:
+            parse_seeds(args.seeds)
+    except ValueError as exc:
+        print(f"warmgate bench cluster: {exc}", file=sys.stderr)
+        return 2
+    if args.seeds is not None:
+        if args.trace != "game" and "{seed}" not in args.trace:
+            print("--seeds wants --trace game or a path with {seed} in it", file=sys.stderr)
+            return 2
+        results = run_many(args)
+        _write(args, results, markdown(results))
+        return 0
     if not Path(args.trace).is_file():
         print(f"{args.trace}: no such file", file=sys.stderr)
         return 2
     results = run(args)
-    print(markdown_table(results))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+    _write(args, results, markdown_table(results))
     return 0

@@ -26,10 +26,17 @@ worth `prior_weight` outcomes, a weight that decays by `prior_decay` with every 
 so the prior steers the first few predictions only (100x off: within 5% after a dozen, see
 test_cost). An unobserved instance borrows the fastest fit (optimism: else never tried).
 Where the prior matters, then: for an instance nobody has measured, and for its first few
-outcomes. A join probe (`calibrate`: cold prompts of known sizes on the idle instance,
-measured before any routed request lands there) ends that at once: its samples enter the
-same fit, and the prior's weight for that instance drops to zero, so the first routed
-request is priced at the probe's speed (only the prior's shape, not its scale, remains).
+outcomes; and its shape (the split between fixed, per-token and attention cost, and the
+decode step) for as long as nothing measures it. A join probe (`calibrate`: cold prompts of
+known sizes on the idle instance, measured before any routed request lands there) ends both
+for prefill at once. With three sizes or more it fits the instance's own prefill curve,
+`overhead + per_token U + attention U^2 / 2` (least squares; with two sizes the attention
+term keeps the prior's ratio to the per-token cost, and a fit with a negative coefficient
+falls back to fewer terms), which replaces the prior's prefill coefficients for that
+instance; with one sample, or none of the fits valid, only the scale k is fitted. Either
+way the samples enter the fit of k against the instance's curve and the prior's weight
+there drops to zero, so the first routed request is priced at the probe's speed. The
+decode-step terms stay the prior's (the probe asks for one token), scaled by k.
 
 The prior (`CostParams()`) is generic, not any one deployment's: llm-d-inference-sim's
 published profile for an 8B model on one H100 (prefill 30 ms + 250 us per uncached token,
@@ -46,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
@@ -67,6 +74,64 @@ class CostParams:
     bandwidths: Mapping[str, float] = field(
         default_factory=lambda: {t.label: bps for t, bps in DEFAULT_BANDWIDTH_BPS.items()}
     )
+
+
+def fit_prefill(prior: CostParams, samples: Sequence[tuple[int, float]]) -> CostParams | None:
+    """The prefill curve `overhead + per_token U + attention U^2 / 2` through cold, lone
+    prompts (U tokens, TTFT s), as `prior` with those three coefficients replaced; None
+    when the samples cannot fix a curve with no negative coefficient (one size, or noise).
+    Three sizes or more fit all three terms; two (or a failed three-term fit) keep the
+    prior's attention-to-per-token ratio; a failed two-term fit is None."""
+    sizes = {n for n, _ in samples}
+    if len(sizes) < 2:
+        return None
+    scale = float(max(sizes))  # tokens in units of the largest probe: a well-posed system
+    ys = [t for _, t in samples]
+    fit: tuple[float, float, float] | None = None
+    if len(sizes) >= 3:
+        three = _least_squares([(1.0, n / scale, (n / scale) ** 2 / 2.0) for n, _ in samples], ys)
+        if three is not None:
+            fit = (three[0], three[1] / scale, three[2] / scale**2)
+    if fit is None or min(fit) < 0.0:
+        ratio = prior.prefill_attention_s / prior.prefill_per_token_s * scale
+        rows = [(1.0, n / scale + ratio * (n / scale) ** 2 / 2.0) for n, _ in samples]
+        two = _least_squares(rows, ys)
+        if two is not None:
+            fit = (two[0], two[1] / scale, ratio * two[1] / scale**2)
+    if fit is None or min(fit) < 0.0 or fit[1] <= 0.0:
+        return None
+    overhead, per_token, attention = fit
+    return replace(
+        prior,
+        prefill_overhead_s=overhead,
+        prefill_per_token_s=per_token,
+        prefill_attention_s=attention,
+    )
+
+
+def _least_squares(
+    rows: Sequence[Sequence[float]], ys: Sequence[float]
+) -> tuple[float, ...] | None:
+    """Ordinary least squares through the normal equations (2 or 3 unknowns, Gaussian
+    elimination with partial pivoting); None when they are singular."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
+        if abs(a[pivot][col]) < 1e-300:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for i in range(col + 1, k):
+            f = a[i][col] / a[col][col]
+            for j in range(col, k):
+                a[i][j] -= f * a[col][j]
+            b[i] -= f * b[col]
+    x = [0.0] * k
+    for i in reversed(range(k)):
+        x[i] = (b[i] - sum(a[i][j] * x[j] for j in range(i + 1, k))) / a[i][i]
+    return tuple(x)
 
 
 class Prediction(NamedTuple):
@@ -237,6 +302,7 @@ class TtftCostModel:
         self.stats_alpha = stats_alpha
         self._batch_tokens = max(1, self.params.max_batch_tokens)
         self._bandwidths: dict[str, dict[str, float]] = {}
+        self._params: dict[str, CostParams] = {}  # an instance's own, from its join probe
         self._models: dict[str, _InstanceModel] = {}
         # read (never written) for instances with no outcome yet, so predicting stores nothing
         self._unobserved = _InstanceModel(prior_weight)
@@ -287,7 +353,7 @@ class TtftCostModel:
         # Runs once per candidate per decision: the helpers above are inlined (same formulas)
         # and builtins avoided because this is the hot loop of the default policy
         # (`warmgate bench router`).
-        p = self.params
+        p = self._params.get(instance, self.params)
         m = self._models.get(instance)
         if m is None:  # not observed yet: the profile's prior, nothing stored
             m = self._unobserved
@@ -374,16 +440,19 @@ class TtftCostModel:
 
     def calibrate(self, instance: str, samples: Sequence[tuple[int, float]]) -> None:
         """The instance's join probe: (cold prompt tokens, observed TTFT) pairs measured on
-        the idle instance. Each enters the fit as an outcome predicted with nothing cached,
-        queued or in flight; the prior's weight for the instance drops to zero (the probe
-        measured the engine itself), and the running means the routed requests keep
-        (context, uncached share) are left alone."""
+        the idle instance. Their prefill curve, when it can be fitted, becomes the
+        instance's (`fit_prefill`); each sample then enters the fit of k as an outcome
+        predicted with nothing cached, queued or in flight; the prior's weight for the
+        instance drops to zero (the probe measured the engine itself), and the running
+        means the routed requests keep (context, uncached share) are left alone."""
+        good = [(n, t) for n, t in samples if n > 0 and t > 0.0]
+        curve = fit_prefill(self.params, good)
+        if curve is not None:
+            self._params[instance] = curve
         m = self._model(instance)
         lam = self.forgetting
         used = 0
-        for prompt_tokens, ttft_s in samples:
-            if prompt_tokens <= 0 or not ttft_s > 0.0:
-                continue
+        for prompt_tokens, ttft_s in good:
             x = self.predict(
                 instance,
                 prompt_tokens=prompt_tokens,

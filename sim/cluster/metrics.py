@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from contracts.tiers import Tier
+from sim.cluster.reuse import reusable_share
 from sim.cluster.simulator import RunRecord
 from sim.traces import TraceRequest
 
@@ -16,20 +17,10 @@ TIER_LABELS = (Tier.HBM.label, Tier.HOST.label, Tier.ARRAY.label)
 
 
 def upper_bound_token_hit_rate(trace: Iterable[TraceRequest], block_tokens: int) -> float:
-    """Token hit rate of one infinite prefix cache that has seen every earlier request."""
-    seen: set[int] = set()
-    hit = total = 0
-    for r in sorted(trace, key=lambda t: t.timestamp_ms):
-        m = 0
-        for h in r.hash_ids:
-            if h in seen:
-                m += 1
-            else:
-                break
-        hit += min(m * block_tokens, r.input_length)
-        total += r.input_length
-        seen.update(r.hash_ids)
-    return hit / total if total else 0.0
+    """Token hit rate of one infinite prefix cache that has seen every earlier request: the
+    workload's reusable maximum (`sim.cluster.reuse`)."""
+    ordered = sorted(trace, key=lambda t: t.timestamp_ms)
+    return reusable_share(((t.hash_ids, t.input_length) for t in ordered), block_tokens)
 
 
 def distinct_tokens(trace: Iterable[TraceRequest], block_tokens: int) -> int:

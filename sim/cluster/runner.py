@@ -5,7 +5,13 @@ router's registry and given what a deployment would give it: the instances' KV c
 The `ttft` cost model starts from its generic prior (`router.cost.CostParams()`, which
 states its source), as in a deployment, and calibrates online; `prior="oracle"` hands it
 the simulated profile itself instead (the physics the simulator charges), an upper bound
-on what a prior can give, and what the figures in bench/results/ before issue 14 used."""
+on what a prior can give, and what the figures in bench/results/ before issue 14 used.
+
+`probe=True` (the default, as the gateway's `calibration.probe` is) measures every instance
+with the gateway's join probe before the trace starts (`sim.cluster.probe`) and hands the
+samples to the policy's `calibrate` hook, so `ttft` starts from its generic prior *and* the
+probe, as a deployment now does; `probe=False` is the prior alone (the figures before the
+probe existed)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from typing import Any, Literal
 from router.cost import CostParams
 from router.policies.registry import default_registry
 from sim.cluster.metrics import summarise
+from sim.cluster.probe import probe_samples
 from sim.cluster.simulator import ClusterConfig, ClusterSimulator, SimClock
 from sim.profiles import Profile, get_profile
 from sim.traces import TraceRequest
@@ -45,6 +52,7 @@ def run_policy(
     policy_params: dict[str, Any] | None = None,
     *,
     prior: Prior = "generic",
+    probe: bool = True,
 ) -> dict[str, Any]:
     """Simulate `trace` under `policy`; returns the figures of `metrics.summarise`."""
     clock = SimClock()
@@ -58,6 +66,10 @@ def run_policy(
     registry = default_registry()
     built = registry.create(policy, **params)
     sim = ClusterSimulator(config, built, clock)
+    if probe:  # the join probe, before any request (policies without the hook ignore it)
+        samples = probe_samples(sim.profile)
+        for name in sim.names:
+            built.calibrate(name, samples)
     record = sim.run(trace)
     summary = summarise(policy, record)
     # policies that explain their own state (ttft: calibration, prices) do so in the router's

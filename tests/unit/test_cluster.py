@@ -14,6 +14,9 @@ from contracts.tiers import Tier
 from router.index import ARRAY
 from router.policies.registry import default_registry
 from sim.cluster.metrics import summarise, upper_bound_token_hit_rate
+from sim.cluster.probe import probe_samples, probe_ttft
+from sim.cluster.reuse import reusable_share, reusable_tokens, share_of_reusable
+from sim.cluster.runner import run_policy
 from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord, SimClock
 from sim.profiles import Profile, TierBandwidths
 from sim.traces import TraceRequest, write_mooncake
@@ -219,3 +222,73 @@ def test_write_through_lets_another_instance_load_fresh_kv() -> None:
         second = run.requests[1]
         assert second.instance == 1
         assert second.cached_by_tier == expected
+
+
+def test_the_reusable_maximum_counts_leading_blocks_an_earlier_request_computed() -> None:
+    # b reuses a's two leading blocks (capped at its 15 tokens); c's chain starts anew, so
+    # its block 2 (seen) is not reusable by a prefix cache; d repeats c exactly
+    requests = [((1, 2, 3), 30), ((1, 2), 15), ((9, 2), 20), ((9, 2), 20)]
+    assert reusable_tokens(requests, 10) == (15 + 20, 85)
+    assert reusable_share([], 10) == 0.0
+    assert share_of_reusable(0.2, 0.4) == pytest.approx(0.5)
+    assert share_of_reusable(0.0, 0.0) is None
+
+
+def test_the_simulated_probe_is_what_an_idle_instance_charges_a_lone_cold_prompt() -> None:
+    # 10,000 tokens: two chunks of the 8,192-token budget on the simple profile
+    cfg = ClusterConfig(instances=1, block_tokens=100, l1_tokens=20_000)
+    _, run = _run([_req(0, list(range(100)), 10_000)], cfg)
+    assert run.requests[0].ttft_s == pytest.approx(probe_ttft(SIMPLE, 10_000))
+    samples = probe_samples(SIMPLE, (256, 1024))
+    assert [s.prompt_tokens for s in samples] == [256, 1024]
+    assert samples[1].ttft_s == pytest.approx(1.024)
+
+
+def test_the_probe_prices_every_instance_before_the_first_request() -> None:
+    cfg = ClusterConfig(instances=3, block_tokens=10, l1_tokens=300, profile="llama3-8b-h100")
+    trace = [_req(0, [1, 2], 20)]  # one request: two instances never see an outcome
+    probed = run_policy(trace, cfg, "ttft", probe=True)["policy_stats"]["instances"]
+    assert set(probed) == {"i0", "i1", "i2"}
+    unprobed = run_policy(trace, cfg, "ttft", probe=False)["policy_stats"]["instances"]
+    assert len(unprobed) == 1
+
+
+def test_bench_cluster_runs_many_seeds_with_medians_and_spreads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for seed in (1, 2, 3):
+        mixed = _mixed_trace(40 + 10 * seed)
+        write_mooncake(tmp_path / f"t{seed}.jsonl", mixed)
+    out, md = tmp_path / "seeds.json", tmp_path / "seeds.md"
+    rc = bench_cluster_main(
+        [
+            "--trace", str(tmp_path / "t{seed}.jsonl"), "--seeds", "1-3", "--block-tokens",
+            "10", "--instances", "2", "--l1-share", "1/4", "--policies", "prefix,ttft",
+            "--json", str(out), "--md", str(md), "--jobs", "2",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["seeds"] == [1, 2, 3] and data["baseline"] == "prefix"
+    ratios = []
+    for key in ("1", "2", "3"):
+        row = data["per_seed"][key]
+        assert row["requests"] == 40 + 10 * int(key)
+        for figures in row["policies"].values():
+            assert figures["token_hit_rate"] <= row["reusable_max"] + 1e-9
+            assert figures["share_of_reusable"] == pytest.approx(
+                figures["token_hit_rate"] / row["reusable_max"]
+            )
+        prefix, ttft = row["policies"]["prefix"], row["policies"]["ttft"]
+        ratio = row["ratios"]["ttft"]["ttft_p99_s"]
+        assert ratio == pytest.approx(ttft["ttft_p99_s"] / prefix["ttft_p99_s"])
+        ratios.append(ratio)
+    spread = data["summary"]["ttft"]["ratio"]["ttft_p99_s"]
+    assert spread["min"] == min(ratios) and spread["max"] == max(ratios)
+    assert spread["median"] == sorted(ratios)[1]
+    assert "| ttft |" in md.read_text() and "| ttft |" in capsys.readouterr().out
+
+
+def test_bench_cluster_refuses_a_bad_seed_spec(tmp_path: Path) -> None:
+    assert bench_cluster_main(["--trace", "game", "--seeds", "9-3"]) == 2
+    assert bench_cluster_main(["--trace", str(tmp_path / "x.jsonl"), "--seeds", "1-2"]) == 2

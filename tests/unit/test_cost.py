@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from router.cost import ArrivalRate, CostParams, Prediction, ReuseBudget, TtftCostModel
+from router.cost import (
+    ArrivalRate,
+    CostParams,
+    Prediction,
+    ReuseBudget,
+    TtftCostModel,
+    fit_prefill,
+)
 
 P = CostParams()
 
@@ -172,10 +179,11 @@ def test_a_join_probe_prices_the_engine_before_any_routed_request(truth: float) 
     assert model.speed_factor("a") == 1.0
     sizes = (256, 1024, 4096)
     samples = [(n, truth * _predict(model, prompt_tokens=n).compute_s) for n in sizes]
+    prior_cold = _predict(model, prompt_tokens=20_000).ttft_s
     model.calibrate("a", samples)
-    assert model.speed_factor("a") == pytest.approx(truth, rel=1e-6)
-    cold = _predict(model, prompt_tokens=20_000)
-    assert cold.ttft_s == pytest.approx(truth * cold.compute_s, rel=1e-6)
+    assert _predict(model, prompt_tokens=20_000).ttft_s == pytest.approx(
+        truth * prior_cold, rel=1e-6
+    )
     # the probe leaves the routed requests' running means alone
     assert model.snapshot()["a"]["samples"] == 0.0
 
@@ -196,3 +204,38 @@ def test_probe_samples_without_a_time_are_ignored() -> None:
     model = TtftCostModel(P)
     model.calibrate("a", [(0, 1.0), (100, 0.0)])
     assert model.speed_factor("a") == 1.0
+
+
+def test_the_probe_fits_the_instance_prefill_curve_not_only_its_scale() -> None:
+    """A probed engine whose prefill shape differs from the prior's (less fixed cost, more
+    attention): after three sizes its long prompts are priced on its own curve, which one
+    scale factor on the prior's curve cannot do."""
+    truth = CostParams(
+        prefill_overhead_s=0.005, prefill_per_token_s=40e-6, prefill_attention_s=3e-9
+    )
+    curve = TtftCostModel(truth)
+
+    def lone(n: int) -> float:
+        return _predict(curve, prompt_tokens=n).ttft_s
+
+    fitted = fit_prefill(P, [(n, lone(n)) for n in (256, 1024, 4096)])
+    assert fitted is not None
+    assert fitted.prefill_overhead_s == pytest.approx(0.005, rel=1e-6)
+    assert fitted.prefill_per_token_s == pytest.approx(40e-6, rel=1e-6)
+    assert fitted.prefill_attention_s == pytest.approx(3e-9, rel=1e-6)
+    model = TtftCostModel(P)
+    model.calibrate("a", [(n, lone(n)) for n in (256, 1024, 4096)])
+    assert _predict(model, prompt_tokens=30_000).ttft_s == pytest.approx(lone(30_000), rel=1e-6)
+    scaled = TtftCostModel(P)  # one size only: the scale, on the prior's shape
+    scaled.calibrate("a", [(4096, lone(4096))])
+    assert _predict(scaled, prompt_tokens=30_000).ttft_s != pytest.approx(lone(30_000), rel=0.05)
+
+
+def test_a_prefill_fit_that_cannot_hold_falls_back() -> None:
+    assert fit_prefill(P, [(1000, 0.1)]) is None  # one size: no curve
+    # three sizes whose curvature is negative: two terms, the prior's attention ratio
+    two = fit_prefill(P, [(256, 0.010), (1024, 0.040), (4096, 0.100)])
+    assert two is not None and two.prefill_attention_s >= 0.0
+    ratio = P.prefill_attention_s / P.prefill_per_token_s
+    assert two.prefill_attention_s == pytest.approx(ratio * two.prefill_per_token_s)
+    assert fit_prefill(P, [(256, 0.5), (4096, 0.1)]) is None  # faster when longer: nothing
