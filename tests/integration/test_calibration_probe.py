@@ -28,9 +28,15 @@ def cold_chat() -> dict[str, Any]:
     }
 
 
-def speed_factors(fleet: Fleet) -> dict[str, float]:
-    instances = fleet.admin("stats")["router"]["policy_stats"]["instances"]
-    return {i: v["speed_factor"] for i, v in instances.items()}
+def predicted(fleet: Fleet) -> dict[str, float]:
+    """Each candidate's predicted TTFT for a cold prompt (a dry run: nothing changes)."""
+    r = httpx.post(f"{fleet.base}/admin/route/explain", json=cold_chat(), timeout=10)
+    r.raise_for_status()
+    return {c["instance"]: c["predicted_ttft_s"] for c in r.json()["candidates"]}
+
+
+def calibrated(fleet: Fleet) -> set[str]:
+    return set(fleet.admin("stats")["router"]["policy_stats"]["instances"])
 
 
 def engine_steps(engine: Engine) -> int:
@@ -79,19 +85,18 @@ def test_the_probe_prices_the_slow_engine_slow_before_any_request(
     try:
         stats = fleet.admin("stats")
         assert sum(stats["requests"].values()) == 0  # nothing routed yet
-        k = speed_factors(fleet)
-        assert k["slow"] > 5 * k["fast"], k
-        explained = httpx.post(f"{fleet.base}/admin/route/explain", json=cold_chat(), timeout=10)
-        predicted = {c["instance"]: c["predicted_ttft_s"] for c in explained.json()["candidates"]}
-        assert predicted["slow"] > 5 * predicted["fast"], predicted
-        # an instance added at runtime is probed too (the prior alone would price it as
-        # fast as the fastest instance known)
+        assert calibrated(fleet) == {"fast", "slow"}
+        ttft = predicted(fleet)
+        assert ttft["slow"] > 5 * ttft["fast"], ttft
+        # an instance added at runtime is probed too (unprobed, the prior would price it
+        # as the fastest fit known)
         r = httpx.post(
             f"{fleet.base}/admin/instances", json={"id": late.id, "url": late.url}, timeout=30
         )
         assert r.status_code == 201, r.text
-        k = wait_until(lambda: speed_factors(fleet).get("late") and speed_factors(fleet), 30)
-        assert k["late"] > 5 * k["fast"], k
+        wait_until(lambda: "late" in calibrated(fleet), 30, "the late instance probed")
+        ttft = predicted(fleet)
+        assert ttft["late"] > 5 * ttft["fast"], ttft
     finally:
         fleet.stop()
 
