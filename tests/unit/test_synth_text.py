@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from bench.synth_text import BlockTextSynth, mooncake_items
 from router.blocks import chain_seed, hash_blocks
 from sim.tokenizer import Tokenizer
 
-# The first 40 lines of the real Mooncake trace, committed (tests/data/README.md says whence).
-TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head40.jsonl"
+# The real Mooncake trace, committed (bench/data/traces/README.md says whence); its first 40 lines.
+TRACE = Path(__file__).resolve().parents[2] / "bench/data/traces/mooncake_conversation.jsonl"
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -88,7 +89,8 @@ def test_blocks_are_exactly_block_tokens_of_the_sim_tokenizer() -> None:
 def test_mooncake_items_from_the_real_trace() -> None:
     if not TRACE.exists():
         pytest.fail(f"trace missing: {TRACE}")
-    lines = TRACE.read_text().splitlines()[:40]
+    with TRACE.open(encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in itertools.islice(f, 40)]
     items = mooncake_items(lines, block_tokens=512, max_output_tokens=64)
     rows = [json.loads(line) for line in lines]
     assert len(items) == 40
