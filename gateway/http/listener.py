@@ -11,6 +11,11 @@ connection here gets:
   its accept), so descriptors stay for upstream connections.
 Body reads are bounded in the app (gateway/pipeline/parse.py `read_body`, `server.body_timeout_s`).
 
+Each response's head leaves with its first body bytes in one send (`HeadWithBody`): uvicorn
+writes the head as soon as the app starts the response, and on loopback every write is a
+system call that also runs the receiver's side of TCP, a fifth of the gateway's CPU per
+proxied request in py-spy; the head waits at most one turn of the loop.
+
 `serve()` runs the app on the main listener and, when `auth.admin_port` is set, on the admin
 listener too (the same app; gateway/http/roles.py tells them apart by the local port).
 """
@@ -49,6 +54,51 @@ _REASONS = {
 
 class _HeadersTooLarge(Exception):
     pass
+
+
+_JOIN_UP_TO = 65536  # a longer first body goes in its own write (no copy into the head)
+
+
+class HeadWithBody:
+    """One response's transport: its first write (the head) is held until the next write,
+    which goes out with it, or until the loop's next turn, or the close; everything else is
+    the connection's transport."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._loop: asyncio.AbstractEventLoop | None = loop  # None once the head has gone
+
+    def write(self, data: bytes) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            if len(data) <= _JOIN_UP_TO:
+                self._transport.write(held + data)
+                return
+            self._transport.write(held)
+        elif self._loop is not None:  # the head: hold it back
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            self._loop = None
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def guarded_protocol(limits: ServerLimits) -> type[HttpToolsProtocol]:
@@ -122,6 +172,8 @@ def guarded_protocol(limits: ServerLimits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._disarm_header_timer()
             super().on_headers_complete()
+            if self.cycle is not None:  # the request's own: its head goes with its body
+                self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
