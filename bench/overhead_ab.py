@@ -17,9 +17,10 @@ text chunk):
 
 `--peers smg` puts peers (bench.peers: smg, sglang-router, ...) in the same rounds, measured
 the same way (CPU of the peer's process, all its threads), for the added p50 against smg's.
-`--py-spy S` records the first warmgate with py-spy (`--native`, S seconds, 250 samples/s)
-over a sequential stretch of that many seconds after the rounds, written beside `--out`
-(`<out>-py-spy.txt`, collapsed stacks), the rounds' figures unaffected.
+`--tree NAME=DIR` adds warmgate from another source tree (an earlier commit) as NAME, for a
+before/after in the same rounds. `--py-spy S` records the first warmgate with py-spy
+(`--native`, 250 samples/s) over S seconds of sequential requests after the rounds, written
+beside `--out` (`<out>-py-spy.txt`, collapsed stacks), the rounds' figures unaffected.
 
 The load generator, the gateways and the engine share the machine's cores; the rounds show
 how far the figures move between repeats, which is the noise any difference must beat.
@@ -72,17 +73,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
 
 
-async def start_warmgate(fleet: Fleet, transport: str, workdir: Path) -> Gateway:
-    """warmgate `ttft` in front of `fleet`, talking to it over `transport`."""
+async def start_warmgate(
+    fleet: Fleet, transport: str, workdir: Path, *, name: str | None = None, tree: str = ""
+) -> Gateway:
+    """warmgate `ttft` in front of `fleet`, talking to it over `transport`; from the source
+    tree `tree` (its gateway, router and contracts packages first on PYTHONPATH) if given."""
+    name = name or transport
     port = free_port()
     cfg = fleet.warmgate_config("ttft", port) | {"upstream": {"transport": transport}}
-    path = workdir / f"warmgate-{transport}.yaml"
+    path = workdir / f"warmgate-{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    args = [sys.executable, "-m", "gateway.cli", "serve"]
+    # -P: the working directory (this checkout) does not go ahead of `tree` on sys.path
+    args = [sys.executable, *(["-P"] if tree else []), "-m", "gateway.cli", "serve"]
     env = {"WARMGATE_CONFIG": str(path), "WARMGATE_PORT": str(port)}
-    proc = await Proc.spawn(f"warmgate-{transport}", args, workdir / f"gw-{transport}.log", env)
+    if tree:
+        env["PYTHONPATH"] = tree
+    proc = await Proc.spawn(f"warmgate-{name}", args, workdir / f"gw-{name}.log", env)
     await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
-    return Gateway(transport, f"http://127.0.0.1:{port}/v1", proc, {})
+    return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, {})
 
 
 async def _cpu_per_request(
@@ -216,6 +224,9 @@ async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         await fleet.start()
         for t in transports:
             gateways[t] = await start_warmgate(fleet, t, workdir)
+        for spec_ in (t for t in args.tree if t):
+            name, _, tree = spec_.partition("=")
+            gateways[name] = await start_warmgate(fleet, "h1pool", workdir, name=name, tree=tree)
         for name in peers:
             missing = peer_missing(name)
             if missing:
@@ -285,6 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help=f"comma-separated peers in the same rounds ({', '.join(SMG_POLICIES)}, ...)",
     )
+    p.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=DIR",
+        help="also warmgate (h1pool) as NAME from the source tree DIR (e.g. `git archive` of "
+        "an earlier commit): a before/after in the same rounds",
+    )  # fmt: skip
     p.add_argument(
         "--py-spy", type=float, default=0.0, metavar="S",
         help="after the rounds, py-spy the first warmgate over S s of sequential requests",
