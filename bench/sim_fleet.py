@@ -1,9 +1,11 @@
 """Processes for the fault and soak benchmarks: simulated engines, tierds, Redis and gateway
-replicas on loopback, each its own process group (so a signal reaches exactly one part),
-each logging to a file in the run directory, all stopped for sure at the end."""
+replicas on loopback, each a `gateway.launch.process.ProcessTree` (its own process group, so a
+signal reaches exactly one part), each logging to a file in the run directory, all stopped for
+sure at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +21,9 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.launch.process import ProcessTree
+from gateway.launch.process import wait_http as process_wait_http
+
 MODEL = "sim-qwen2.5-32b"
 
 
@@ -30,7 +35,9 @@ def free_port() -> int:
 
 
 class Proc:
-    """One child process in its own session."""
+    """One restartable child: a `gateway.launch.process.ProcessTree` (a session of its own, so
+    a signal reaches exactly this part, and its whole tree stopped), started again from the
+    same argv and environment by `start()`."""
 
     def __init__(
         self, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None
@@ -39,63 +46,51 @@ class Proc:
         self.args = list(args)
         self.log_path = log
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.tree: ProcessTree | None = None
         self.start()
 
     def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        log.close()
+        self.tree = ProcessTree.start(self.name, self.args, self.log_path, env=self.env)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.tree.proc if self.tree is not None else None
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        assert self.tree is not None
+        return self.tree.pid
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.tree is not None and self.tree.alive()
 
     def signal(self, sig: int) -> None:
+        """Signal the child's process group (SIGSTOP / SIGCONT: a frozen part)."""
         if self.alive():
-            os.killpg(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is None:
+        if self.tree is None:
             return
-        if self.proc.poll() is None:
-            with _suppress():
-                os.killpg(self.pid, signal.SIGCONT)
-                os.killpg(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with _suppress():
-                    os.killpg(self.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        self.signal(signal.SIGCONT)  # a stopped tree cannot act on SIGTERM
+        self.tree.stop(timeout_s)
 
     def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=10)
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], ProcessLookupError)
+        """SIGKILL the child and its tree now (a crash)."""
+        if self.tree is not None:
+            self.tree.kill_all()
 
 
 def wait_http(url: str, timeout_s: float = 60.0, proc: Proc | None = None) -> None:
+    """Poll `url` until it answers 200; with `proc`, raise with its log's tail if it exits."""
+    if proc is not None and proc.tree is not None:
+        process_wait_http(proc.tree, url, timeout_s)
+        return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited; see {proc.log_path}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
