@@ -8,7 +8,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from gateway.config.base import StrictModel
+from gateway.config.base import SettingError, StrictModel
 
 _HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -16,9 +16,9 @@ _HASHED = re.compile(r"^sha256:[0-9a-f]{64}$")
 def _check_keys(keys: list[str]) -> list[str]:
     for k in keys:
         if not k:
-            raise ValueError("an API key must not be empty")
+            raise SettingError("an API key must not be empty")
         if k.startswith("sha256:") and not _HASHED.match(k):
-            raise ValueError("a hashed key is `sha256:` and 64 lowercase hex digits")
+            raise SettingError("a hashed key is `sha256:` and 64 lowercase hex digits")
     return keys
 
 

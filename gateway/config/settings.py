@@ -22,7 +22,7 @@ from pydantic_settings import (
 )
 
 from contracts.settings_sources import check_env, sources
-from gateway.config.base import StrictModel
+from gateway.config.base import SettingError, StrictModel
 from gateway.config.collector import CollectorSettings
 from gateway.config.env_names import OTHER_NAMES, OTHER_PREFIXES
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
@@ -96,7 +96,7 @@ class PreciseSettings(StrictModel):
     @model_validator(mode="after")
     def _one_local_tokenizer(self) -> PreciseSettings:
         if self.tokenizer is not None and self.tokenizer_dir is not None:
-            raise ValueError(
+            raise SettingError(
                 "routing.precise: set tokenizer (a module:factory) or tokenizer_dir, not both"
             )
         return self
@@ -131,14 +131,14 @@ class RoutingSettings(StrictModel):
         try:  # a policy checks its values as it is built (cheap, no I/O): fail here, not later
             default_registry().create(self.policy, **self.params)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"routing.params for {self.policy}: {exc}") from exc
+            raise SettingError(f"routing.params for {self.policy}: {exc}") from exc
         return self
 
     @model_validator(mode="after")
     def _precise_needs_seed(self) -> RoutingSettings:
         p = self.precise
         if self.mode == "precise" and p.hash == "vllm" and p.effective_hash_seed is None:
-            raise ValueError(
+            raise SettingError(
                 "routing.mode=precise with vLLM's xxhash_cbor needs routing.precise.hash_seed "
                 "(the engines' PYTHONHASHSEED): without it vLLM seeds xxhash_cbor with random "
                 "bytes per process. (sha256_cbor without PYTHONHASHSEED is seeded with "
@@ -193,7 +193,7 @@ class StateSettings(StrictModel):
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StateSettings:
         if self.backend == "redis" and not self.redis_url:
-            raise ValueError("state.backend=redis needs state.redis_url")
+            raise SettingError("state.backend=redis needs state.redis_url")
         return self
 
 
@@ -326,7 +326,7 @@ class Settings(BaseSettings):
     def _unique_ids(self) -> Settings:
         ids = [i.id for i in self.instances]
         if len(ids) != len(set(ids)):
-            raise ValueError(f"instance ids must be unique: {ids}")
+            raise SettingError(f"instance ids must be unique: {ids}")
         return self
 
     @classmethod
