@@ -276,11 +276,12 @@ class _Relay:
             while True:
                 failure, detail = None, ""
                 try:
-                    for piece in self._out(ex.inspect(self.instance, self.relay, pending)):
-                        yield piece
+                    # the events of one upstream read go out in one write to the client
+                    if out := b"".join(self._out(ex.inspect(self.instance, self.relay, pending))):
+                        yield out
                     async for chunk in self.it:
-                        for piece in self._out(ex.inspect(self.instance, self.relay, chunk)):
-                            yield piece
+                        if out := b"".join(self._out(ex.inspect(self.instance, self.relay, chunk))):
+                            yield out
                     tail = self._out([self.relay.flush()])
                     for piece in tail:
                         if piece:
