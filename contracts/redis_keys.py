@@ -50,6 +50,10 @@ class PoolKeys:
     def lock(self, name: str) -> str:
         return self.key("lock", name)
 
+    def response(self, response_id: str) -> str:
+        """A stored Responses API response (gateway/pipeline/response_store.py)."""
+        return self.key("response", response_id)
+
 
 def stream_key(pool: str) -> str:
     """The residency event stream of `pool`."""

@@ -47,6 +47,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.response_store import build_response_store
 from gateway.pipeline.router_build import build_router
 from gateway.pipeline.shared_state import start_shared_state
 from gateway.pipeline.tokens import PreciseChains
@@ -123,7 +124,9 @@ def build_state(settings: Settings) -> AppState:
         access=Access(settings),
         inflight=Inflight(),
         limits=build_limiter(settings),
+        responses=build_response_store(settings),
     )
+    state.closers.append(state.responses.aclose)
     state.closers.append(state.limits.aclose)
     state.health.on_unhealthy.append(state.inflight.on_unhealthy)
     state.closers.append(health_client.aclose)

@@ -30,6 +30,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.response_store import ResponseStore
 from gateway.pipeline.session_bindings import SessionBindings
 from gateway.pipeline.tokens import PreciseChains
 from gateway.upstream.inflight import Inflight
@@ -63,6 +64,7 @@ class AppState(Lifetime):
     access: Access  # gateway.http.access: who may call what
     inflight: Inflight  # gateway.upstream.inflight: attempts in flight, failed when unhealthy
     limits: Limiter  # gateway.http.limits: rate limits (disabled when none are configured)
+    responses: ResponseStore  # gateway.pipeline.response_store: for previous_response_id
     precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
     pipeline: RequestPipeline | None = None  # gateway.pipeline.decide: built once the parts are
     bindings: SessionBindings | None = None  # gateway.pipeline.shared_state: cross-replica sessions

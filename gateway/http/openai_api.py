@@ -20,7 +20,7 @@ from gateway.errors import OpenAIError
 from gateway.http.asgi_app import GatewayApp
 from gateway.http.limits import enforce
 from gateway.http.proxy import proxy_completion
-from gateway.http.responses_api import answer, to_chat
+from gateway.http.responses_api import answer, prepare
 from gateway.http.roles import require_client
 from gateway.pipeline.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
 from gateway.state import AppState, app_state
@@ -38,14 +38,14 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         body, fast_json = decode_json_object(raw, limits)
         call = None
         if responses:  # the Responses API, served as a chat completion
-            body, call = to_chat(body, limits)
+            body, call = await prepare(body, limits, state.responses)
             raw = b""
         session_header = request.headers.get("x-session-id")
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
         await enforce(state.limits, request, parsed)
         served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
-        return served if call is None else answer(call, served)
+        return served if call is None else await answer(call, served)
     except OpenAIError as err:
         _count_refusal(state, err)
         raise

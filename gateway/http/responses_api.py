@@ -6,8 +6,16 @@ The engines have no Responses API of their own: the request becomes a chat body
 `response_format`) that goes through the chat path unchanged (parse, limits, routing,
 failover, accounting), and the chat answer is translated back: one Response object, or the
 Responses API's typed stream events (`response.created` … `response.completed`), each with its
-`sequence_number`. A field the gateway cannot serve (tools, `previous_response_id`, images…)
-is a 400 naming it in `param`. Nothing is stored: `store` is accepted and ignored.
+`sequence_number`. A field the gateway cannot serve (tools, images…) is a 400 naming it in
+`param`.
+
+`previous_response_id`: a completed response is stored (unless `store` is false) with the whole
+conversation it ends (gateway/pipeline/response_store.py), and a request naming it continues
+that conversation: the chat body is the chain's messages plus the new input, so routing sees
+the whole prefix while the client sends only the new line. Unlike OpenAI's API, a continuation
+without `instructions` keeps the chain's (a game NPC's persona is the prefix its cache holds),
+and without `prompt_cache_key` or `user` it keeps the chain's session key. An unknown or expired
+id is the API's 400 `previous_response_not_found` naming `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -24,6 +32,13 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.config.guards import RequestLimits
 from gateway.errors import OpenAIError, bad_request
 from gateway.json_codec import decode
+from gateway.pipeline.response_store import (
+    Conversation,
+    ResponseStore,
+    ResponseStoreUnavailableError,
+    load,
+    save,
+)
 
 # Fields of the Responses API the gateway serves; anything else is refused by name.
 _SERVED = frozenset(
@@ -37,6 +52,7 @@ _SERVED = frozenset(
         "user",
         "prompt_cache_key",
         "metadata",
+        "previous_response_id",
         "stream",
         "store",
         "text",
@@ -49,11 +65,14 @@ _DROP_HEADERS = {"content-length", "content-type"}
 
 @dataclass
 class ResponsesCall:
-    """What the translation back needs of the client's request."""
+    """What the translation back needs of the client's request, and what storing its answer
+    needs: the conversation before the answer, and the store (None: `store` is false)."""
 
     body: dict[str, Any]
     model: str
     stream: bool
+    conversation: Conversation = field(default_factory=lambda: Conversation(None, []))
+    store: ResponseStore | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
     item_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
@@ -92,13 +111,16 @@ def _content_text(content: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
+def _instructions(body: dict[str, Any]) -> str | None:
     instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise bad_request("`instructions` must be a string.", param="instructions")
-        messages.append({"role": "system", "content": instructions})
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad_request("`instructions` must be a string.", param="instructions")
+    return instructions
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages of `input` (the instructions apart)."""
+    messages: list[dict[str, Any]] = []
     items = body.get("input")
     if items is None:
         raise bad_request("Missing required parameter: 'input'.", param="input")
@@ -164,8 +186,49 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     )
 
 
-def to_chat(body: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any], ResponsesCall]:
-    """The chat completion body for a Responses request, and what answering it needs."""
+def previous_not_found(response_id: str) -> OpenAIError:
+    """The API's answer to a `previous_response_id` it does not know (or no longer)."""
+    return bad_request(
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+async def prepare(
+    body: dict[str, Any], limits: RequestLimits, store: ResponseStore
+) -> tuple[dict[str, Any], ResponsesCall]:
+    """`to_chat` after looking up `previous_response_id` in `store`; the call stores its
+    answer there unless `store` is false."""
+    previous = body.get("previous_response_id")
+    prior = None
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise bad_request(
+                "`previous_response_id` must be a string.", param="previous_response_id"
+            )
+        try:
+            prior = await load(store, previous)
+        except ResponseStoreUnavailableError as exc:
+            raise OpenAIError(
+                503,
+                f"The stored responses cannot be reached: {exc}",
+                type="server_error",
+                code="service_unavailable",
+            ) from None
+        if prior is None:
+            raise previous_not_found(previous)
+    chat, call = to_chat(body, limits, prior)
+    if body.get("store") is not False:
+        call.store = store
+    return chat, call
+
+
+def to_chat(
+    body: dict[str, Any], limits: RequestLimits, prior: Conversation | None = None
+) -> tuple[dict[str, Any], ResponsesCall]:
+    """The chat completion body for a Responses request continuing `prior` (the conversation
+    of its `previous_response_id`), and what answering it needs."""
     for name in body:
         if name not in _SERVED:
             raise _unserved(name)
@@ -185,7 +248,14 @@ def to_chat(body: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any]
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
     ):
         raise bad_request("`metadata` must be an object of strings.", param="metadata")
-    chat: dict[str, Any] = {"model": model, "messages": _messages(body)}
+    instructions = _instructions(body)
+    history = _messages(body)
+    if prior is not None:
+        history = prior.messages + history
+        if instructions is None:
+            instructions = prior.instructions
+    system = [] if instructions is None else [{"role": "system", "content": instructions}]
+    chat: dict[str, Any] = {"model": model, "messages": system + history}
     max_out = body.get("max_output_tokens")
     if max_out is not None:
         if isinstance(max_out, bool) or not isinstance(max_out, int) or max_out < 1:
@@ -201,6 +271,8 @@ def to_chat(body: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any]
     for name in ("temperature", "top_p", "user", "prompt_cache_key"):
         if body.get(name) is not None:
             chat[name] = body[name]
+    if prior is not None and prior.session and "user" not in chat:
+        chat.setdefault("prompt_cache_key", prior.session)  # the chain's session sticks
     if body.get("text") is not None:
         response_format = _response_format(body["text"])
         if response_format is not None:
@@ -208,7 +280,11 @@ def to_chat(body: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any]
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    return chat, ResponsesCall(body=body, model=model, stream=stream)
+    session = chat.get("prompt_cache_key") or chat.get("user")
+    conversation = Conversation(
+        instructions, history, session if isinstance(session, str) else None
+    )
+    return chat, ResponsesCall(body=body, model=model, stream=stream, conversation=conversation)
 
 
 def _usage(usage: Any) -> dict[str, Any] | None:
@@ -265,8 +341,8 @@ def response_object(
         "model": model or call.model,
         "output": output,
         "parallel_tool_calls": False,
-        "previous_response_id": None,
-        "store": False,
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store") is not False,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "text": {"format": text_format or {"type": "text"}},
@@ -284,7 +360,16 @@ def _headers(response: Response) -> dict[str, str]:
     return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS}
 
 
-def answer(call: ResponsesCall, response: Response) -> Response:
+async def _store(call: ResponsesCall, obj: dict[str, Any], text: str) -> None:
+    """Keep a finished response's conversation for a later `previous_response_id`."""
+    if call.store is None or obj["status"] not in ("completed", "incomplete"):
+        return
+    before = call.conversation
+    after = [*before.messages, {"role": "assistant", "content": text}]
+    await save(call.store, call.id, Conversation(before.instructions, after, before.session))
+
+
+async def answer(call: ResponsesCall, response: Response) -> Response:
     """The chat path's answer, as the Responses API answers: errors pass through."""
     if response.status_code >= 400:
         return response
@@ -304,6 +389,7 @@ def answer(call: ResponsesCall, response: Response) -> Response:
         finish_reason=choice.get("finish_reason"),
         model=chat.get("model"),
     )
+    await _store(call, obj, text)
     return Response(
         json.dumps(obj).encode(),
         status_code=response.status_code,
@@ -390,5 +476,6 @@ async def _events(
         finish_reason=finish_reason,
         model=model,
     )
+    await _store(call, done, whole)  # before the client hears it is done, so it can continue
     kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
     yield out.frame(kind, response=done)
