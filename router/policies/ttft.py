@@ -94,7 +94,7 @@ from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
 from router.footprints import SessionFootprints
 from router.policies.base import CalibrationSample, InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
-from router.policies.ttft_guard import TrustGuard
+from router.policies.ttft_guard import GuardRule, TrustGuard
 from router.policies.ttft_records import Pending, Scored, explain, tie_key
 from router.types import (
     Decision,
@@ -149,6 +149,7 @@ class TtftPolicy(Policy):
         trust_min_observations: int = 20,
         error_alpha: float = 0.1,
         max_added_wait_s: float = 1.0,
+        guard_rule: GuardRule = "trust",
     ) -> None:
         if tie_rel < 0 or tie_abs_s < 0:
             raise ValueError("tie tolerances must be >= 0")
@@ -184,6 +185,7 @@ class TtftPolicy(Policy):
             trust_min_observations=trust_min_observations,
             error_alpha=error_alpha,
             max_added_wait_s=max_added_wait_s,
+            rule=guard_rule,
         )
 
     def trust(self, instance: str) -> float:

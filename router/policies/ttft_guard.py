@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from router.policies.base import InstanceView
 from router.policies.prefix import PrefixPolicy
 from router.policies.ttft_records import Scored
 from router.types import RouteRequest
+
+GuardRule = Literal["trust", "robust"]
 
 
 class TrustGuard:
@@ -44,15 +47,19 @@ class TrustGuard:
         trust_min_observations: int = 20,
         error_alpha: float = 0.1,
         max_added_wait_s: float = 1.0,
+        rule: GuardRule = "trust",
     ) -> None:
         if trust_error <= 0 or trust_min_observations < 0 or max_added_wait_s < 0:
             raise ValueError("trust_error must be > 0, trust thresholds and caps >= 0")
         if not 0 < error_alpha <= 1:
             raise ValueError("error_alpha must be in (0, 1]")
+        if rule not in ("trust", "robust"):
+            raise ValueError(f"unknown guard rule {rule!r}: trust or robust")
         self.trust_error = trust_error
         self.trust_min_observations = trust_min_observations
         self.error_alpha = error_alpha
         self.max_added_wait_s = max_added_wait_s
+        self.rule = rule
         self.baseline = PrefixPolicy()
         self.error: dict[str, float] = {}  # EWMA of |log(observed / predicted TTFT)|
         self.observed: dict[str, int] = {}  # outcomes paired with a prediction
@@ -89,6 +96,8 @@ class TrustGuard:
         if chosen.view.id == target:
             return None
         base = next(s for s in scored if s.view.id == target)
+        if self.rule == "robust":
+            return self._robust(base, allowed, chosen)
         trust_base = self.trust(target)
         if trust_base > 0.0:
             trust_chosen = self.trust(chosen.view.id)
@@ -105,6 +114,25 @@ class TrustGuard:
             if best.score < base.score:
                 base = best
         return base
+
+    def _robust(self, base: Scored, allowed: list[Scored], chosen: Scored) -> Scored | None:
+        n = self.trust_min_observations
+        if self.observed.get(base.view.id, 0) < n:
+            return base
+        e_base = self.error.get(base.view.id, 0.0)
+        best_case_base = base.score - base.pred.ttft_s * (1.0 - math.exp(-e_base))
+
+        def eligible(s: Scored) -> bool:
+            if self.observed.get(s.view.id, 0) < n:
+                return False
+            if s.pred.ttft_s > base.pred.ttft_s + self.max_added_wait_s:
+                return False
+            e = self.error.get(s.view.id, 0.0)
+            return s.score + s.pred.ttft_s * (math.exp(e) - 1.0) < best_case_base
+
+        if eligible(chosen):
+            return None
+        return min((s for s in allowed if eligible(s)), key=lambda s: s.score, default=base)
 
     def stats(self) -> dict[str, object]:
         return {

@@ -124,3 +124,23 @@ def test_the_guard_is_typed_and_checked() -> None:
         TtftPolicy(error_alpha=0.0)
     with pytest.raises(ValueError):
         TtftPolicy(max_added_wait_s=-1.0)
+
+
+# b holds the prompt with 30k tokens queued (about 8 s predicted), a is idle and cold (about
+# 5 s): the scoring prefers a by a margin that a prediction error of 0.3 can undo
+CLOSE = [_view("a"), _view("b", l1=280, in_flight=6, queued=30_000)]
+
+
+@pytest.mark.parametrize(("off_by", "expected"), [(1.0, "a"), (1.35, "b"), (0.74, "b")])
+def test_the_robust_rule_deviates_only_when_the_error_band_cannot_undo_the_gain(
+    off_by: float, expected: str
+) -> None:
+    """`guard_rule="robust"`: the policy leaves prefix's choice P for C only when C's score,
+    its predicted TTFT made worse by C's error (x e^err), still beats P's score with P's
+    made better (x e^-err); with exact predictions it takes a, with an error of 0.3 (either
+    sign) it keeps prefix's b."""
+    assert PrefixPolicy().choose(_req(), CLOSE).instance == "b"
+    policy = TtftPolicy(clock=Clock(), guard_rule="robust", trust_min_observations=20)
+    assert policy.choose(_req(), CLOSE).instance == "b"  # too few outcomes yet
+    _observe(policy, 40, off_by=off_by)
+    assert policy.choose(_req(), CLOSE).instance == expected
