@@ -19,6 +19,14 @@ predicted wait to a request over prefix's choice: under overload no request is d
 without bound. (`max_added_wait_s=inf`, `trust_min_observations=0` and `trust_error=inf`
 turn it off.)
 
+Step 3 with `rule="robust"` (the error sets the margin, no trust threshold): C stands
+when C is P, or when both have `trust_min_observations` and C is robustly better:
+`score(C) + ttft(C) x (e^err(C) - 1) < score(P) - ttft(P) x (1 - e^-err(P))` (C's
+predicted TTFT as late as its error band allows, P's as early) and C's predicted TTFT is
+within `max_added_wait_s` of P's. Otherwise the choice is the best-scored candidate that
+is robustly better than P, else P. With exact predictions (error 0) the scoring decides
+alone; the larger the error, the larger the predicted gain a deviation needs.
+
 The guard keeps no prediction of its own: it reads the scored candidates the policy hands
 it, and learns only from (observed, predicted) pairs.
 """
