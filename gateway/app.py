@@ -43,6 +43,7 @@ from gateway.http.monitoring import build_monitoring_router
 from gateway.http.openai_api import add_completion_routes, build_openai_router
 from gateway.http.roles import require_admin, require_client
 from gateway.http.schema import install_openapi
+from gateway.http.warm_api import add_warm_route
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
 from gateway.pipeline.decide import RequestPipeline
@@ -51,6 +52,7 @@ from gateway.pipeline.response_store import build_response_store
 from gateway.pipeline.router_build import build_router
 from gateway.pipeline.shared_state import start_shared_state
 from gateway.pipeline.tokens import PreciseChains
+from gateway.pipeline.warm import Warmer
 from gateway.state import AppState
 from gateway.upstream.h1pool import H1Pool
 from gateway.upstream.inflight import Inflight
@@ -150,6 +152,22 @@ def build_pipeline(state: AppState) -> RequestPipeline:
     )
 
 
+def build_warmer(state: AppState) -> Warmer:
+    """POST /v1/warm's warmer, over the pipeline and the engines' load."""
+    assert state.pipeline is not None
+    return Warmer(
+        state.settings,
+        state.pipeline,
+        state.router,
+        state.health,
+        state.inflight,
+        state.prefetch,
+        state.client,
+        state.metrics.registry,
+        state.engine_load,
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else load_settings()
 
@@ -178,6 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             attach_health_resync(state)
             state.pipeline = build_pipeline(state)  # over the parts just attached
             state.engine_load = start_engine_load(state.settings, state.health, registry, state)
+            state.warmer = build_warmer(state)
             probe = start_calibration_probe(
                 state.settings.calibration,
                 state.health,
@@ -217,6 +236,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app, settings.request_limits)
     install_error_handlers(app)
     add_completion_routes(app)
+    add_warm_route(app)
     app.include_router(build_openai_router(), dependencies=[Depends(require_client)])
     app.include_router(build_admin_router(), dependencies=[Depends(require_admin)])
     app.include_router(build_fleet_router(), dependencies=[Depends(require_admin)])

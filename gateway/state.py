@@ -33,6 +33,7 @@ from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.response_store import ResponseStore
 from gateway.pipeline.session_bindings import SessionBindings
 from gateway.pipeline.tokens import PreciseChains
+from gateway.pipeline.warm import Warmer
 from gateway.upstream.inflight import Inflight
 from gateway.upstream.transport import UpstreamTransport
 from router.router import Router
@@ -73,6 +74,7 @@ class AppState(Lifetime):
     fleet: FleetStatus | None = None  # gateway.fleet.runtime.Fleet: runtime fleet changes
     ui: UiRuntime | None = None  # gateway.admin.ui.live fills it: the operator page's history
     engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
+    warmer: Warmer | None = None  # gateway.pipeline.warm: POST /v1/warm
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 
     async def aclose(self) -> None:

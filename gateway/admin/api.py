@@ -68,6 +68,7 @@ def build_admin_router() -> APIRouter:
                 "router": state.router.stats(),
                 # the engines' own accounting, beside warmgate's predicted-vs-reported
                 "engine_reported": loads.reported() if loads is not None else None,
+                "warm": state.warmer.stats() if state.warmer is not None else None,
             }
         )
 

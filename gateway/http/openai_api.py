@@ -23,6 +23,7 @@ from gateway.http.proxy import proxy_completion
 from gateway.http.responses_api import answer, prepare
 from gateway.http.roles import require_client
 from gateway.pipeline.parse import Kind, decode_json_object, parse_chat, parse_completion, read_body
+from gateway.pipeline.priority import read_priority
 from gateway.state import AppState, app_state
 
 _PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -36,6 +37,9 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         raw = await read_body(request, settings.max_body_bytes, settings.server.body_timeout_s)
         limits = settings.request_limits
         body, fast_json = decode_json_object(raw, limits)
+        priority, stripped = read_priority(request.headers, body, settings.priority)
+        if stripped is not None:  # a class-named `priority` is ours, not the engine's
+            body, raw = stripped, b""
         call = None
         if responses:  # the Responses API, served as a chat completion
             body, call = await prepare(body, limits, state.responses)
@@ -44,7 +48,7 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
         await enforce(state.limits, request, parsed)
-        served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id)
+        served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id, priority)
         return served if call is None else await answer(call, served)
     except OpenAIError as err:
         _count_refusal(state, err)

@@ -112,6 +112,7 @@ def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
         "instances": instances,
         "array_tokens_believed": index.blocks_held(ARRAY) * block_tokens,
         "stats": {k: stats.get(k) for k in ("requests", "cached_tokens", "ttft_s", "failovers")},
+        "warm": state.warmer.stats() if state.warmer is not None else None,
         "history": [*ui.history, sample(state, ui)],
         "hot": ui.hot.top(10),
     }

@@ -96,9 +96,12 @@ function renderFleet(s) {
   const st = s.stats || {};
   const req = st.requests || {};
   const ttft = st.ttft_s || {};
+  const warm = s.warm || {};
+  const warmed = Object.values(warm.by_source || {}).reduce((n, o) => n + (o.ok || 0), 0);
   document.getElementById("summary").textContent =
     `${healthy}/${s.instances.length} healthy · policy ${s.policy} · ${s.mode} mode · ` +
-    `${fmt(req.total || 0)} requests (${fmt(req.ok || 0)} ok) · TTFT p50 ${fmt(ttft.p50, 3)} s p99 ${fmt(ttft.p99, 3)} s`;
+    `${fmt(req.total || 0)} requests (${fmt(req.ok || 0)} ok) · TTFT p50 ${fmt(ttft.p50, 3)} s p99 ${fmt(ttft.p99, 3)} s · ` +
+    `${fmt(warm.total || 0)} warms (${fmt(warmed)} done)`;
 }
 
 // consecutive cumulative samples -> per-interval figures
