@@ -39,8 +39,9 @@ def npc_prompt(rng: random.Random, words: int) -> str:
 
 async def first_line(
     client: httpx.AsyncClient, messages: list[dict[str, str]], user: str
-) -> tuple[float | None, int | None]:
-    """(TTFT s to the first content chunk, cached tokens reported) of one streamed line."""
+) -> tuple[float | None, int | None, str | None]:
+    """(TTFT s to the first content chunk, cached tokens reported, the instance) of one
+    streamed line."""
     body = {
         "model": MODEL,
         "messages": messages,
@@ -53,9 +54,10 @@ async def first_line(
     ttft = None
     cached = None
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        instance = r.headers.get("x-warmgate-instance")
         if r.status_code != 200:
             await r.aread()
-            return None, None
+            return None, None, instance
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -66,7 +68,7 @@ async def first_line(
             usage = chunk.get("usage")
             if usage:
                 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return ttft, cached
+    return ttft, cached, instance
 
 
 async def dialogue(
@@ -94,12 +96,21 @@ async def dialogue(
             out["warm_refused"].append(r.status_code)
     await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
     line = [*context, {"role": "user", "content": "Hello! Have you any work for me?"}]
-    ttft, cached = await first_line(client, line, user)
+    ttft, cached, instance = await first_line(client, line, user)
     arm = "warm" if warmed else "cold"
     if ttft is None:
         out[f"{arm}_failed"].append(i)
         return
     out[arm].append(ttft)
+    out["lines"].append(
+        {
+            "i": i,
+            "ttft_s": round(ttft, 4),
+            "cached": cached,
+            "instance": instance,
+            "warm": None if warm is None else {k: warm[k] for k in ("instance", "source", "ms")},
+        }
+    )
     if warm is not None and cached is not None:
         full = (warm["prompt_tokens"] - 1) // BLOCK * BLOCK
         if full:
@@ -113,7 +124,16 @@ async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
     for i in range(args.dialogues):
         at += rng.expovariate(args.rate)
         plan.append((i, args.lead_s + at, npc_prompt(rng, args.prompt_words)))
-    keys = ("warm", "cold", "warms", "warm_refused", "warm_failed", "cold_failed", "cached_ratio")
+    keys = [
+        "warm",
+        "cold",
+        "warms",
+        "warm_refused",
+        "warm_failed",
+        "cold_failed",
+        "cached_ratio",
+        "lines",
+    ]
     out: dict[str, list[Any]] = {k: [] for k in keys}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
@@ -143,6 +163,7 @@ async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
             "min": min(ratios) if ratios else None,
         },
         "gateway_warm_stats": stats.get("warm"),
+        "slowest_lines": sorted(out["lines"], key=lambda d: -d["ttft_s"])[:8],
     }
 
 

@@ -24,8 +24,9 @@ class WarmSettings(StrictModel):
     instance has fewer than `max_real_in_flight` real requests in flight (from this
     replica) and its engine reports at most `max_engine_waiting` waiting requests, with at
     most `max_per_instance` warms at a time; otherwise 429 with Retry-After. A warm still
-    computing when a real request starts on its instance is cancelled (`yield_to_real`),
-    unless that instance schedules by priority (the engine then puts the warm last)."""
+    computing when real requests reach `max_real_in_flight` on its instance is cancelled
+    (`yield_to_real`), unless that instance schedules by priority (the engine then puts the
+    warm last)."""
 
     enabled: bool = True
     max_real_in_flight: int = Field(default=4, ge=1)

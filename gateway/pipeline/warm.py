@@ -12,9 +12,9 @@ blocks resident there the cheapest way the prefix index knows of:
 A warm is the lowest-priority work (gateway/config/warm.py `WarmSettings`): work that needs
 the engine runs only while the instance is quiet (fewer than `max_real_in_flight` real
 requests in flight here, at most `max_engine_waiting` waiting in the engine, fewer than
-`max_per_instance` warms), else `WarmDeferred` (429 with Retry-After). A real request that
-starts on an instance cancels its warms still computing (`yield_to_real`), unless the
-instance schedules by priority, where the engine puts the warm (`warm.priority`) last.
+`max_per_instance` warms), else a 429 with Retry-After. A real request that brings the
+instance to `max_real_in_flight` cancels its warms still computing (`yield_to_real`), unless
+the instance schedules by priority, where the engine puts the warm (`warm.priority`) last.
 Every warm is counted in `warmgate_warm_total{source,outcome}` and in `stats()` (the
 admin stats and operator page).
 """
@@ -265,6 +265,8 @@ class Warmer:
         running = self._running.get(instance)
         if not running or not self.config.yield_to_real:
             return
+        if self.inflight.count(instance) < self.config.max_real_in_flight:
+            return  # still quiet enough for a warm: it goes on beside the request
         spec = self.health.spec(instance)
         if spec is not None and spec.priority_scheduling:
             return  # the engine orders them: the warm is last in its queue
