@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 
+from contracts.errors import ConfigurationError
 from contracts.json_logs import JsonFormatter
 from tierd.api import create_app
 from tierd.emulation import PROFILES
@@ -84,7 +87,11 @@ def configure_logging(level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except (ValidationError, ConfigurationError) as exc:  # as `warmgate serve` reports it
+        print(f"tierd serve: bad configuration: {exc}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
     app = create_app(settings)
     config = uvicorn.Config(

@@ -134,3 +134,13 @@ def test_tierd_refuses_unknown_keys_and_reads_yaml_below_env(
     assert (s.port, s.pool, s.slice_bytes, s.l1_bytes) == (5, "env", 8192, 65536)
     with pytest.raises(ConfigurationError, match="not found"):
         TierdSettings(config_file=tmp_path / "missing.yaml")
+
+
+def test_tierd_serve_reports_it_as_bad_configuration(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tierd.serve import main
+
+    monkeypatch.setenv("WARMGATE_TIERD__POOOL", "x")
+    assert main(["--port", "0"]) == 2
+    assert "bad configuration" in capsys.readouterr().err
