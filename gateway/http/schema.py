@@ -5,7 +5,7 @@ the parser enforces (gateway/pipeline/parse.py owns the checks; these models onl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -95,6 +95,46 @@ def _request_models(limits: RequestLimits) -> tuple[type[BaseModel], type[BaseMo
     return chat, completion
 
 
+def _responses_model(limits: RequestLimits) -> type[BaseModel]:
+    """`POST /v1/responses`' body (gateway/http/responses_api.py refuses any other field)."""
+    key = Field(default=None, max_length=limits.max_session_key_chars)
+    return create_model(
+        "ResponsesRequest",
+        __config__=ConfigDict(extra="forbid"),
+        model=(str, Field(min_length=1)),
+        input=(str | list[InputItem], Field()),
+        instructions=(str | None, None),
+        previous_response_id=(str | None, None),
+        store=(bool | None, None),
+        stream=(bool | None, None),
+        max_output_tokens=(int | None, Field(default=None, ge=1, le=limits.max_max_tokens)),
+        temperature=(float | None, None),
+        top_p=(float | None, None),
+        user=(str | None, key),
+        prompt_cache_key=(str | None, key),
+        metadata=(dict[str, str] | None, None),
+        text=(dict[str, Any] | None, None),
+    )
+
+
+class InputItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[dict[str, Any]]
+
+
+class ResponseObject(_Open):
+    id: str
+    object: str
+    created_at: int
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    previous_response_id: str | None = None
+    usage: dict[str, Any] | None = None
+
+
 _ERRORS = {
     str(code): {
         "description": why,
@@ -116,7 +156,9 @@ _ERRORS = {
 _SESSION_HEADER = {"name": "x-session-id", "in": "header", "schema": {"type": "string"}}
 
 
-def _operation(summary: str, request_ref: str) -> dict[str, Any]:
+def _operation(
+    summary: str, request_ref: str, answer_ref: str = "#/components/schemas/Completion"
+) -> dict[str, Any]:
     return {
         "summary": summary,
         "requestBody": {
@@ -135,7 +177,7 @@ def _operation(summary: str, request_ref: str) -> dict[str, Any]:
             "200": {
                 "description": "the answer (JSON), or an SSE stream when `stream` is true",
                 "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
+                    "application/json": {"schema": {"$ref": answer_ref}},
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
@@ -147,13 +189,14 @@ def _operation(summary: str, request_ref: str) -> dict[str, Any]:
 def install_openapi(app: FastAPI, limits: RequestLimits) -> None:
     """Serve `/openapi.json` with the completion endpoints and the admin API described."""
     chat, completion = _request_models(limits)
+    responses = _responses_model(limits)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version="1", routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (chat, completion, Completion, ErrorBody):
+        for model in (chat, completion, responses, Completion, ResponseObject, ErrorBody):
             for name, sub in model.model_json_schema(ref_template=_REF).get("$defs", {}).items():
                 components[name] = sub
             body = model.model_json_schema(ref_template=_REF)
@@ -165,6 +208,13 @@ def install_openapi(app: FastAPI, limits: RequestLimits) -> None:
         }
         paths["/v1/completions"] = {
             "post": _operation("Completion", f"#/components/schemas/{completion.__name__}")
+        }
+        paths["/v1/responses"] = {
+            "post": _operation(
+                "Response (OpenAI's Responses API, served as a chat completion)",
+                f"#/components/schemas/{responses.__name__}",
+                "#/components/schemas/ResponseObject",
+            )
         }
         explain = paths.get("/admin/route/explain", {})
         if "post" in explain:

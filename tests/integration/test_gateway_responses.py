@@ -227,6 +227,16 @@ def test_unknown_previous_response_id(client: openai.OpenAI, fleet: Fleet) -> No
     assert set(raw.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_openapi_describes_responses(fleet: Fleet) -> None:
+    schema = httpx.get(f"{fleet.base}/openapi.json", timeout=30).json()
+    op = schema["paths"]["/v1/responses"]["post"]
+    ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"model", "input"} <= set(body["required"])
+    assert {"previous_response_id", "store", "instructions"} <= set(body["properties"])
+    assert body["additionalProperties"] is False  # any other field is a 400 naming it
+
+
 class Replica:
     """A second gateway over the first one's config (the same engines and Redis pool)."""
 
