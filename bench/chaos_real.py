@@ -140,6 +140,7 @@ class RealChaosFleet:
             port = free_port()
             config = self.real.warmgate_config("ttft", port)
             config.update(REAL_GATEWAY)
+            config["log_level"] = "info"  # each continuation's line: tokens sent, by what
             config["state"] = {
                 "backend": "redis",
                 "redis_url": f"redis://127.0.0.1:{self.redis_port}/0",

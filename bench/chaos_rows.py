@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,55 @@ async def _continued_by(urls: list[str], client: httpx.AsyncClient) -> dict[str,
     return dict(by)
 
 
+async def _reference(client: httpx.AsyncClient, engine_url: str, body: dict[str, Any]) -> list[str]:
+    """The engine's own streamed answer to `body`, one text piece a token."""
+    pieces: list[str] = []
+    req = {**body, "stream": True, "return_token_ids": True}
+    async with client.stream("POST", f"{engine_url}/v1/chat/completions", json=req) as r:
+        if r.status_code != 200:
+            return []
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices") or []:
+                ids = choice.get("token_ids") or []
+                text = (choice.get("delta") or {}).get("content") or ""
+                pieces.extend([text] + [""] * (len(ids) - 1) if ids else [])
+    return pieces
+
+
+async def continued_diffs(results: list[Any], engine_url: str) -> list[dict[str, Any]]:
+    """Where each continued answer that is not the engine's own uninterrupted one departs
+    from it: the token (of the engine's answer) and the text around it."""
+    out: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        for res in results:
+            if not (res.continued and res.status == 200 and res.body):
+                continue
+            pieces = await _reference(client, engine_url, res.body)
+            want = "".join(pieces)
+            if not pieces or want == res.text:
+                continue
+            at = next(
+                (i for i, (a, b) in enumerate(zip(want, res.text, strict=False)) if a != b),
+                min(len(want), len(res.text)),
+            )
+            token, upto = 0, 0
+            while token < len(pieces) and upto + len(pieces[token]) <= at:
+                upto += len(pieces[token])
+                token += 1
+            out.append(
+                {
+                    "token": token,
+                    "tokens": len(pieces),
+                    "char": at,
+                    "got": res.text[max(0, at - 30) : at + 30],
+                    "want": want[max(0, at - 30) : at + 30],
+                }
+            )
+    return out
+
+
 async def run_row(
     fault: Fault, extra: Any, args: argparse.Namespace, run_dir: Path, fleet: Any = None
 ) -> dict[str, Any]:
@@ -109,6 +159,9 @@ async def run_row(
         healthy = fleet.engine_urls[-1]
         verified = await load.verify(healthy, sample=args.verify)
         continued_checked, continued_same = await load.continued_identical(healthy)
+        diffs = (
+            await continued_diffs(results, healthy) if continued_same < continued_checked else []
+        )
         await load.aclose()
     finally:
         await asyncio.to_thread(fleet.stop)
@@ -129,6 +182,7 @@ async def run_row(
         "continued": sum(r.continued for r in results),
         "continued_identical_to_uninterrupted": f"{continued_same} of {continued_checked}",
         "continued_by": continued_by,
+        "continued_diffs": diffs,
         "time_to_detect_s": detect,
         "time_to_recover_s": recover,
         "wrong_answers": sum(r.wrong is not None for r in results),
