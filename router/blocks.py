@@ -28,11 +28,16 @@ from typing import Any
 
 import xxhash
 
+from contracts.errors import ConfigurationError
 from router import accel
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text with BPE tokenizers
 DEFAULT_BLOCK_TOKENS = 64
 DEFAULT_BLOCK_CHARS = DEFAULT_BLOCK_TOKENS * CHARS_PER_TOKEN
+
+
+class BlockSizeError(ConfigurationError, ValueError):
+    """A block size that is not positive."""
 
 
 def chain_seed(model: str, cache_salt: str | None = None) -> int:
@@ -95,7 +100,7 @@ def hash_blocks(text: str, *, seed: int, block_chars: int = DEFAULT_BLOCK_CHARS)
     """Chained hashes of every full `block_chars`-character block of `text`; `seed` is a
     u64 (OverflowError otherwise)."""
     if block_chars <= 0:
-        raise ValueError("block_chars must be positive")
+        raise BlockSizeError("block_chars must be positive")
     data = text.encode("utf-8", "surrogatepass")
     if len(data) == len(text):  # ASCII fast path: characters are bytes
         return accel.hash_blocks(data, seed, block_chars)

@@ -23,6 +23,12 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
+
+
+class FootprintParamsError(ConfigurationError, ValueError):
+    """A SessionFootprints parameter out of range."""
+
 
 @dataclass(slots=True)
 class _Footprint:
@@ -44,11 +50,11 @@ class SessionFootprints:
         max_sessions: int = 200_000,
     ) -> None:
         if default_window_s <= 0 or min_window_s <= 0:
-            raise ValueError("windows must be positive")
+            raise FootprintParamsError("windows must be positive")
         if not 0.0 < quantile < 1.0:
-            raise ValueError("quantile must be in (0, 1)")
+            raise FootprintParamsError("quantile must be in (0, 1)")
         if max_sessions <= 0 or gaps_kept <= 0 or refresh_every <= 0:
-            raise ValueError("max_sessions, gaps_kept and refresh_every must be positive")
+            raise FootprintParamsError("max_sessions, gaps_kept and refresh_every must be positive")
         self.window_s = default_window_s
         self.quantile = quantile
         self.min_gaps = min_gaps

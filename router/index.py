@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from contracts.errors import ConfigurationError, InputError
 from contracts.tiers import Tier
 from router import accel
 from router.index_predictions import Batch, Predictions, count, pack, unpack
@@ -95,6 +96,14 @@ _BEST: tuple[tuple[Tier | None, Tier | None], ...] = tuple(
 )
 
 
+class IndexParamsError(ConfigurationError, ValueError):
+    """A PrefixIndex parameter out of range (`routing.index_ttl_s`, `index_capacity_blocks`)."""
+
+
+class PredictionTierError(InputError, ValueError):
+    """A predicted insert into a tier other than HBM (predictions are about HBM only)."""
+
+
 class PrefixIndex:
     """`block_hash -> {instance: tier}` with TTL'd predictions and event-fed residency."""
 
@@ -106,9 +115,9 @@ class PrefixIndex:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl_s <= 0:
-            raise ValueError("ttl_s must be positive")
+            raise IndexParamsError("ttl_s must be positive")
         if capacity_blocks <= 0:
-            raise ValueError("capacity_blocks must be positive")
+            raise IndexParamsError("capacity_blocks must be positive")
         self.ttl_s = ttl_s
         self.capacity_blocks = capacity_blocks
         self._clock = clock
@@ -199,7 +208,7 @@ class PrefixIndex:
                 self._set(iid, h, bit)
             return
         if tier != Tier.HBM:
-            raise ValueError("predictions are about HBM only")
+            raise PredictionTierError("predictions are about HBM only")
         t = self._clock() if now is None else now
         preds = self._preds[iid]
         self._expire(iid, t)

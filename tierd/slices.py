@@ -28,6 +28,10 @@ U64 = (1 << 64) - 1
 Payload = bytes | memoryview  # a slice's bytes; a view avoids copying out of a read buffer
 
 
+class SliceFieldError(InputError, ValueError):
+    """A slice's hash, parent hash or token count out of its field's range."""
+
+
 class CorruptSliceError(InputError, ValueError):
     """A slice's header or payload fails its checksum, or the record is torn."""
 
@@ -51,11 +55,11 @@ def make_meta(
     block_hash: int, payload: bytes | memoryview, parent: int | None, tokens: int | None
 ) -> SliceMeta:
     if not 0 <= block_hash <= U64:
-        raise ValueError(f"block hash {block_hash} is not an unsigned 64-bit integer")
+        raise SliceFieldError(f"block hash {block_hash} is not an unsigned 64-bit integer")
     if parent is not None and not 0 <= parent <= U64:
-        raise ValueError(f"parent hash {parent} is not an unsigned 64-bit integer")
+        raise SliceFieldError(f"parent hash {parent} is not an unsigned 64-bit integer")
     if tokens is not None and not 0 <= tokens < (1 << 32):
-        raise ValueError(f"token count {tokens} out of range")
+        raise SliceFieldError(f"token count {tokens} out of range")
     return SliceMeta(block_hash, len(payload), checksum(payload), parent, tokens)
 
 

@@ -1,0 +1,37 @@
+"""Errors the router and tierd raise for values out of range are in the exception tree
+(`contracts.errors`), and still the ValueError their callers catch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from contracts.errors import ConfigurationError, InputError, WarmgateError
+from contracts.tiers import Tier
+from router.blocks import hash_blocks
+from router.footprints import SessionFootprints
+from router.index import PrefixIndex
+from tierd.slices import make_meta
+
+
+@pytest.mark.parametrize(
+    ("call", "phase"),
+    [
+        (lambda: PrefixIndex(ttl_s=0), ConfigurationError),
+        (lambda: PrefixIndex(capacity_blocks=0), ConfigurationError),
+        (lambda: PrefixIndex().insert("a", [1], Tier.HOST, predicted=True), InputError),
+        (lambda: SessionFootprints(quantile=1.5), ConfigurationError),
+        (lambda: SessionFootprints(max_sessions=0), ConfigurationError),
+        (lambda: hash_blocks("text", seed=0, block_chars=0), ConfigurationError),
+        (lambda: make_meta(1 << 64, b"x", None, None), InputError),
+        (lambda: make_meta(1, b"x", -1, None), InputError),
+        (lambda: make_meta(1, b"x", None, 1 << 32), InputError),
+    ],
+)
+def test_a_value_out_of_range_is_a_warmgate_error_and_a_value_error(
+    call: Callable[[], object], phase: type[WarmgateError]
+) -> None:
+    with pytest.raises(phase) as info:
+        call()
+    assert isinstance(info.value, ValueError)
