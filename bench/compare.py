@@ -383,30 +383,34 @@ def merge(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """`--merge DIR,...`: separate runs of one comparison (say `--repeats 1` with
     `--rotate-offset` 0, 1, 2, each under the heavy lock on its own) as one repeated result:
     their rows as repeats, the medians, ratios, ties, loads and plots of all of them."""
-    dirs = [Path(d) for d in args.merge.split(",") if d]
-    parts = [json.loads((d / "results.json").read_text()) for d in dirs]
-    if not parts:
+    groups = [[Path(d) for d in g.split("+") if d] for g in args.merge.split(",") if g]
+    dirs = [d for g in groups for d in g]
+    loaded = {d: json.loads((d / "results.json").read_text()) for d in dirs}
+    if not loaded:
         raise SystemExit("--merge: no results directories given")
     keys = ("engines", "workload", "scale", "players", "minutes", "instances", "seed", "tiers")
-    for d, part in zip(dirs[1:], parts[1:], strict=True):
-        differs = [k for k in keys if part["config"].get(k) != parts[0]["config"].get(k)]
+    first = loaded[dirs[0]]
+    for d, part in loaded.items():
+        differs = [k for k in keys if part["config"].get(k) != first["config"].get(k)]
         if differs:
             raise SystemExit(f"--merge: {d} differs from {dirs[0]} in {', '.join(differs)}")
+    # DIR+DIR: one repeat from a run cut short and the run of what it missed
+    parts = [compare_repeats.join_partial([loaded[d] for d in g]) for g in groups]
     rows, orders = compare_repeats.merge_results(parts)
     name = args.name or f"{parts[0]['name']}-merged"
     started = datetime.now(UTC)
     out_dir = Path(args.results_dir) / f"{started:%Y-%m-%d}-{name}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    gateways = list(parts[0]["gateways"])  # the configured order
+    gateways = list(first["gateways"])  # the configured order
     for r in rows:
         gateways += [g for g in r if g not in gateways]
     config = {**parts[0]["config"], "repeats": len(rows)}
     config.pop("rotate_offset", None)
     results: dict[str, Any] = {
         "name": name,
-        "started_at": min(p["started_at"] for p in parts),
+        "started_at": min(p["started_at"] for p in loaded.values()),
         "command": "warmgate bench compare " + shlex.join(argv),
-        "commands": [p.get("command", "") for p in parts],
+        "commands": [p.get("command", "") for p in loaded.values()],
         "merged_from": [str(d) for d in dirs],
         "machine": parts[0].get("machine", {}),
         "config": config,
@@ -424,9 +428,17 @@ def merge(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 ttfts.setdefault(gw, []).extend(values)
             for gw, per in data.get("requests_over_time", {}).items():
                 series.setdefault(gw, per)
+            continue
+        # a run cut short wrote no plot data: its answered requests' TTFTs from the records
+        for rec_path in sorted((d / "tmp").glob("records-*.jsonl")):
+            gw = rec_path.stem.removeprefix("records-")
+            recs = [json.loads(line) for line in rec_path.read_text().splitlines()]
+            ttfts.setdefault(gw, []).extend(
+                r["ttft_s"] for r in recs if r.get("ok") and r.get("ttft_s") is not None
+            )
     if ttfts:
         results["plots"] = _plots(out_dir, results, ttfts, series)
-    results["finished_at"] = max(p.get("finished_at", "") for p in parts)
+    results["finished_at"] = max(p.get("finished_at", "") for p in loaded.values())
     results["results_dir"] = str(out_dir)
     return results
 

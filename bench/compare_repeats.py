@@ -16,7 +16,8 @@ rows (`{gateway: summary}` per repeat) this module computes, purely:
 - `target_check`: the issue's targets on those median ratios.
 
 `merge_results` joins results.json files of separate `--repeats 1` invocations (each under
-the heavy lock on its own, with `--rotate-offset` 0, 1, 2) into one repeated result.
+the heavy lock on its own, with `--rotate-offset` 0, 1, 2) into one repeated result;
+`join_partial` makes one repeat of a run cut short and the run of the gateways it missed.
 """
 
 from __future__ import annotations
@@ -247,6 +248,28 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> tuple[list[Rows], list[
         rows += reps
         orders += [list(o) for o in part_orders]
     return rows, orders
+
+
+def join_partial(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One repeat from one-repeat runs that each ran part of it (a run cut short, then the
+    gateways it missed): the rows of all, a later run's filling what an earlier one lacks or
+    skipped; the order is the order they ran in."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    rows: dict[str, Any] = {}
+    for part in parts:
+        reps = part.get("repeat_rows") or [part["gateways"]]
+        if len(reps) != 1:
+            raise ValueError("only one-repeat runs join into one repeat")
+        for name, row in reps[0].items():
+            if name not in rows or rows[name].get("skipped"):
+                rows[name] = row
+    joined = dict(parts[0])
+    joined["gateways"] = rows
+    joined["repeat_rows"] = [rows]
+    joined["repeated"] = {"orders": [list(rows)]}
+    joined["notes"] = [n for p in parts for n in p.get("notes", [])]
+    return joined
 
 
 def _f(v: Any) -> str:

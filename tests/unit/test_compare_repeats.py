@@ -101,37 +101,47 @@ def test_targets_on_the_median_ratio_to_the_best_peer() -> None:
     assert "more than 50% off" in md
 
 
+def _part(d: Path, k: int, rows: dict[str, Any], order: list[str]) -> str:
+    d.mkdir()
+    part = {
+        "name": d.name, "started_at": f"2026-12-02T16:0{k}:00+00:00",
+        "finished_at": f"2026-12-02T16:0{k}:50+00:00",
+        "command": f"warmgate bench compare --rotate-offset {k}",
+        "config": {"engines": "vllm", "workload": "game", "seed": 17, "instances": 2},
+        "gateways": rows, "repeat_rows": [{g: rows[g] for g in order}],
+        "repeated": {"orders": [order]}, "notes": [],
+    }  # fmt: skip
+    (d / "results.json").write_text(json.dumps(part))
+    return str(d)
+
+
 def test_separate_runs_merge_into_one_repeated_report(tmp_path: Path) -> None:
-    dirs = []
+    groups = []
     for k, rows in enumerate(REPEATS):
-        d = tmp_path / f"run-{k}"
-        d.mkdir()
         order = cr.rotated(list(rows), k)
-        part = {
-            "name": f"run-{k}", "started_at": f"2026-12-02T16:0{k}:00+00:00",
-            "finished_at": f"2026-12-02T16:0{k}:50+00:00",
-            "command": f"warmgate bench compare --rotate-offset {k}",
-            "config": {"engines": "vllm", "workload": "game", "seed": 17, "instances": 2},
-            "gateways": rows, "repeat_rows": [{g: rows[g] for g in order}],
-            "repeated": {"orders": [order]}, "notes": [],
-        }  # fmt: skip
-        (d / "results.json").write_text(json.dumps(part))
-        dirs.append(str(d))
+        if k == 1:  # a run cut short after its first gateway, then the rest: one repeat
+            cut = _part(tmp_path / "run-1a", k, {order[0]: rows[order[0]]}, order[:1])
+            rest = {g: rows[g] for g in order[1:]}
+            groups.append(cut + "+" + _part(tmp_path / "run-1b", k, rest, order[1:]))
+            continue
+        groups.append(_part(tmp_path / f"run-{k}", k, rows, order))
     out = tmp_path / "out"
-    argv = ["--merge", ",".join(dirs), "--name", "merged", "--results-dir", str(out)]
+    argv = ["--merge", ",".join(groups), "--name", "merged", "--results-dir", str(out)]
     assert compare_main(argv) == 0
     (result_dir,) = out.iterdir()
     merged = json.loads((result_dir / "results.json").read_text())
     assert merged["config"]["repeats"] == 3
     assert merged["repeated"]["orders"][1] == ["smg", "smg-tuned", "warmgate-ttft"]
     assert merged["gateways"]["smg"]["ttft_p90_s"] == 2.5  # the median row
+    assert merged["repeated"]["ratios"]["warmgate-ttft"]["smg"]["ttft_p50_s"] == 0.444
     md = (result_dir / "report.md").read_text()
     assert "### Repeat 2 (order: smg → smg-tuned → warmgate-ttft)" in md
     assert "## Repeats, medians and ratios" in md
     # runs of another comparison do not merge
-    bad = json.loads(Path(dirs[0], "results.json").read_text())
+    first = tmp_path / "run-0" / "results.json"
+    bad = json.loads(first.read_text())
     bad["config"]["seed"] = 11
-    Path(dirs[0], "results.json").write_text(json.dumps(bad))
+    first.write_text(json.dumps(bad))
     with pytest.raises(SystemExit, match="seed"):
         compare_main(argv)
 
