@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contracts.errors import InputError
+from router.blocks import BlockSizeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,7 @@ def unshared_blocks(requests: Iterable[LengthRequest], block_tokens: int) -> lis
     """Mooncake records for a trace without prefix identity: each request gets its own
     `ceil(input_length / block_tokens)` fresh block ids, so nothing counts as shared."""
     if block_tokens <= 0:
-        raise ValueError("block_tokens must be positive")
+        raise BlockSizeError("block_tokens must be positive")
     out: list[TraceRequest] = []
     next_id = 0
     for r in requests:

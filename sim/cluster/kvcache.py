@@ -20,13 +20,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
+from contracts.errors import ConfigurationError
+
+
+class CacheCapacityError(ConfigurationError, ValueError):
+    """A simulated KV store sized below what it must hold."""
+
 
 class LruStore:
     """A capacity-bounded LRU set of block ids; evicted ids go to `on_evict`."""
 
     def __init__(self, capacity_blocks: int, on_evict: Callable[[int], None]) -> None:
         if capacity_blocks < 0:
-            raise ValueError("capacity must be >= 0")
+            raise CacheCapacityError("capacity must be >= 0")
         self.capacity = capacity_blocks
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._on_evict = on_evict
@@ -62,7 +68,7 @@ class L1Store:
 
     def __init__(self, capacity_blocks: int, demote: Callable[[int], None]) -> None:
         if capacity_blocks <= 0:
-            raise ValueError("L1 capacity must be at least one block")
+            raise CacheCapacityError("L1 capacity must be at least one block")
         self.capacity = capacity_blocks
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._pins: dict[int, int] = {}

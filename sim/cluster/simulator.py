@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
 from contracts.tiers import Tier
 from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
@@ -44,6 +45,10 @@ from sim.traces import TraceRequest
 _HOST, _ARRAY = Tier.HOST.label, Tier.ARRAY.label  # the tiers' JSON labels
 _STEP, _READY = 0, 1
 MODEL = "sim-cluster"
+
+
+class SimulatorParamsError(ConfigurationError, ValueError):
+    """A cluster simulation parameter out of range."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +102,9 @@ class ClusterSimulator:
         profile: Profile | None = None,  # overrides config.profile (tests, custom hardware)
     ) -> None:
         if config.instances <= 0:
-            raise ValueError("instances must be positive")
+            raise SimulatorParamsError("instances must be positive")
         if config.rate_scale <= 0:
-            raise ValueError("rate_scale must be positive")
+            raise SimulatorParamsError("rate_scale must be positive")
         self.config = config
         self.profile: Profile = profile or get_profile(config.profile)
         self.clock = clock or SimClock()

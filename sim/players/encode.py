@@ -25,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from router.blocks import chain_seed, estimate_tokens, hash_blocks, render_chat
+from router.blocks import BlockSizeError, chain_seed, estimate_tokens, hash_blocks, render_chat
 from sim.players.text import CHARS_PER_TOKEN
 from sim.players.workload import GameRequest
 from sim.traces import TraceRequest
@@ -38,7 +38,7 @@ class ChainIds:
 
     def __init__(self, block_tokens: int, model: str = GAME_MODEL) -> None:
         if block_tokens <= 0:
-            raise ValueError("block_tokens must be positive")
+            raise BlockSizeError("block_tokens must be positive")
         self.block_chars = block_tokens * CHARS_PER_TOKEN
         self.seed = chain_seed(model)
         self._ids: dict[int, int] = {}

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
+
+
+class WorkloadParamsError(ConfigurationError, ValueError):
+    """A game workload parameter out of range."""
+
 
 @dataclass(frozen=True, slots=True)
 class GameParams:
@@ -52,11 +58,11 @@ class GameParams:
 
     def __post_init__(self) -> None:
         if self.players <= 0 or self.minutes <= 0:
-            raise ValueError("players and minutes must be positive")
+            raise WorkloadParamsError("players and minutes must be positive")
         if self.zones <= 0 or self.npcs_per_zone <= 0:
-            raise ValueError("zones and npcs_per_zone must be positive")
+            raise WorkloadParamsError("zones and npcs_per_zone must be positive")
         if self.raid_npcs > self.npcs_per_zone:
-            raise ValueError("raid_npcs cannot exceed npcs_per_zone")
+            raise WorkloadParamsError("raid_npcs cannot exceed npcs_per_zone")
         for name in (
             "world_tokens",
             "persona_tokens",
@@ -69,4 +75,6 @@ class GameParams:
         ):
             lo, hi = getattr(self, name)
             if lo < 0 or hi < lo:
-                raise ValueError(f"{name} must be a (low, high) range with 0 <= low <= high")
+                raise WorkloadParamsError(
+                    f"{name} must be a (low, high) range with 0 <= low <= high"
+                )

@@ -12,6 +12,10 @@ from contracts.tiers import Tier
 from router.blocks import hash_blocks
 from router.footprints import SessionFootprints
 from router.index import PrefixIndex
+from sim.cluster.kvcache import L1Store, LruStore
+from sim.players.encode import ChainIds
+from sim.players.params import GameParams
+from sim.traces import unshared_blocks
 from tierd.slices import make_meta
 
 
@@ -27,6 +31,11 @@ from tierd.slices import make_meta
         (lambda: make_meta(1 << 64, b"x", None, None), InputError),
         (lambda: make_meta(1, b"x", -1, None), InputError),
         (lambda: make_meta(1, b"x", None, 1 << 32), InputError),
+        (lambda: GameParams(players=0), ConfigurationError),
+        (lambda: LruStore(-1, print), ConfigurationError),
+        (lambda: L1Store(0, print), ConfigurationError),
+        (lambda: ChainIds(0), ConfigurationError),
+        (lambda: unshared_blocks([], 0), ConfigurationError),
     ],
 )
 def test_a_value_out_of_range_is_a_warmgate_error_and_a_value_error(
