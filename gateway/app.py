@@ -46,6 +46,7 @@ from gateway.http.schema import install_openapi
 from gateway.http.warm_api import add_warm_route
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
+from gateway.observe.tracing import Tracing
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.response_store import build_response_store
@@ -127,8 +128,10 @@ def build_state(settings: Settings) -> AppState:
         inflight=Inflight(),
         limits=build_limiter(settings),
         responses=build_response_store(settings),
+        tracing=Tracing(),  # the OTEL_* variables
     )
     state.closers.append(state.responses.aclose)
+    state.closers.append(state.tracing.aclose)
     state.closers.append(state.limits.aclose)
     state.health.on_unhealthy.append(state.inflight.on_unhealthy)
     state.closers.append(health_client.aclose)

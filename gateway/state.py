@@ -28,6 +28,7 @@ from gateway.http.limits import Limiter
 from gateway.lifetime import Lifetime
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.stats import GatewayStats
+from gateway.observe.tracing import Tracing
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.response_store import ResponseStore
@@ -66,6 +67,7 @@ class AppState(Lifetime):
     inflight: Inflight  # gateway.upstream.inflight: attempts in flight, failed when unhealthy
     limits: Limiter  # gateway.http.limits: rate limits (disabled when none are configured)
     responses: ResponseStore  # gateway.pipeline.response_store: for previous_response_id
+    tracing: Tracing  # gateway.observe.tracing: OpenTelemetry spans (off: no-ops)
     precise: PreciseChains | None = None  # routing.mode=precise: token-exact block chains
     pipeline: RequestPipeline | None = None  # gateway.pipeline.decide: built once the parts are
     bindings: SessionBindings | None = None  # gateway.pipeline.shared_state: cross-replica sessions

@@ -58,7 +58,14 @@ log = logging.getLogger("warmgate.proxy")
 
 _FORWARD_REQUEST = {
     name.encode(): name
-    for name in ("authorization", "openai-organization", "openai-project", "user-agent")
+    for name in (
+        "authorization",
+        "openai-organization",
+        "openai-project",
+        "user-agent",
+        "traceparent",  # W3C trace context: the engine's own spans join the client's trace
+        "tracestate",
+    )
 }
 
 
@@ -98,13 +105,15 @@ async def proxy_completion(
     """Serve one `/v1/chat/completions` or `/v1/completions` request (`priority`: its class
     and TTFT deadline, gateway/pipeline/priority.py)."""
     started = time.monotonic()
+    trace = state.tracing.begin(request.scope["headers"])  # gateway.observe.tracing
     pipeline = state.pipeline
     assert pipeline is not None, "built in the lifespan"
     routed = await pipeline.decide(parsed, dry_run=False)
     if priority.asks:  # shed background work, meet the deadline or answer at once
         routed = admit(routed, priority, state.inflight.count, state.settings.priority)
+    trace.decided(routed, path)
     rr, decision = routed.route, routed.decision
-    ex = RequestAccounting(state, parsed, rr, decision, started, request_id)
+    ex = RequestAccounting(state, parsed, rr, decision, started, request_id, trace)
     pipeline.send_prefetch(routed)
     order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
@@ -120,6 +129,7 @@ async def proxy_completion(
             state.stats.failovers += 1
             log.info("failing over to %s after: %s", instance, last, extra={"instance": instance})
         state.router.on_dispatch(rr, decision, instance)
+        trace.attempt(instance, attempt, headers)
         try:
             resume = None
             if parsed.stream and state.settings.continue_streams:

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from gateway.observe.tracing import RequestTrace
 from gateway.pipeline.parse import ParsedRequest
 from gateway.state import AppState
 from gateway.upstream.sse import SseRelay, cached_tokens, prompt_tokens
@@ -27,8 +28,10 @@ class RequestAccounting:
         decision: Decision,
         started: float,
         request_id: str,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.state = state
+        self.trace = trace if trace is not None else RequestTrace()  # its spans, when traced
         self.parsed = parsed
         self.rr = route_request
         self.decision = decision
@@ -62,6 +65,7 @@ class RequestAccounting:
         if relay.saw_content and self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.attempt_started
             self.state.router.on_first_token(self.rr, self.decision, instance, self.ttft_s)
+            self.trace.first_token(self.ttft_s)
         return pieces
 
     def attempt_failed(self, instance: str, kind: str, message: str) -> None:
@@ -74,6 +78,7 @@ class RequestAccounting:
             reported_cached_tokens=None,
             ok=False,
         )
+        self.trace.attempt_failed(kind, message)
         self.ttft_s = None  # the next attempt measures its own, from now
         self.attempt_started = time.monotonic()
         self.state.metrics.upstream_errors.labels(instance, kind).inc()
@@ -96,6 +101,7 @@ class RequestAccounting:
         if self.done:
             return
         self.done = True
+        self.trace.finish(outcome, ok=ok)
         reported = cached_tokens(usage)
         self.state.router.on_complete(
             self.rr,
@@ -113,6 +119,7 @@ class RequestAccounting:
         if self.done:
             return
         self.done = True
+        self.trace.finish("upstream_error", ok=False)
         self._record("upstream_error", 0, None, None, None)
 
     def _record(
