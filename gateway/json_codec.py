@@ -18,6 +18,12 @@ from typing import Any
 
 import orjson
 
+from contracts.errors import InputError
+
+
+class JsonTooDeepError(InputError, ValueError):
+    """A JSON body nested deeper than the decoder recurses."""
+
 
 def decode(data: bytes | str) -> tuple[Any, bool]:
     """(value, fast) of an engine's JSON; `fast` when orjson read it. Raises ValueError
@@ -29,7 +35,7 @@ def decode(data: bytes | str) -> tuple[Any, bool]:
     try:
         return json.loads(data), False  # NaN, lone surrogates; or the stdlib's own error
     except RecursionError:
-        raise ValueError("JSON nested too deep") from None
+        raise JsonTooDeepError("JSON nested too deep") from None
 
 
 def decode_exact(raw: bytes) -> tuple[Any, bool]:

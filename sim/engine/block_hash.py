@@ -20,9 +20,19 @@ import threading
 from collections.abc import Sequence
 from typing import Literal
 
+from contracts.errors import ConfigurationError, InputError
 from router.precise import VllmBlockHasher, event_int
 
 __all__ = ["HASH_ALGORITHMS", "BlockHasher", "event_int"]
+
+
+class UnknownBlockHashError(ConfigurationError, ValueError):
+    """`--block-hash` names no algorithm the simulated engine has."""
+
+
+class BlockLengthError(InputError, ValueError):
+    """A block to hash is not of the engine's block size."""
+
 
 HASH_ALGORITHMS = ("sha256_cbor", "xxhash_cbor")
 
@@ -43,7 +53,9 @@ class BlockHasher:
         elif algorithm == "xxhash_cbor":
             algo = "xxhash_cbor"
         else:
-            raise ValueError(f"unknown block hash {algorithm!r}; one of {HASH_ALGORITHMS}")
+            raise UnknownBlockHashError(
+                f"unknown block hash {algorithm!r}; one of {HASH_ALGORITHMS}"
+            )
         self.block_tokens = block_tokens
         self.algorithm = algorithm
         self.seeded = seed is not None
@@ -60,7 +72,7 @@ class BlockHasher:
     def block(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
         """The hash of one full block following `parent` (None: the chain's first block)."""
         if len(tokens) != self.block_tokens:
-            raise ValueError(f"a block has {self.block_tokens} tokens, got {len(tokens)}")
+            raise BlockLengthError(f"a block has {self.block_tokens} tokens, got {len(tokens)}")
         return self._vllm.block_digests(tokens, parent=parent)[0]
 
     def chain(self, token_ids: Sequence[int], *, cache_salt: str | None = None) -> list[bytes]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from contracts import kv_events as wire
+from contracts.errors import ConfigurationError
 from contracts.kv_events import EventEncoding
 from router.precise import event_int
 from sim.kv_publisher import KvEventPublisher
@@ -63,6 +64,10 @@ def to_wire(event: KVEvent) -> wire.KvEvent:
     return wire.AllBlocksCleared()
 
 
+class UnknownEncodingError(ConfigurationError, ValueError):
+    """`--kv-events-encoding` names no encoding of the KV event codec."""
+
+
 class EnginePublisher:
     """Publishes the engine's events on a ZMQ PUB socket bound to `endpoint`."""
 
@@ -72,7 +77,7 @@ class EnginePublisher:
         elif encoding == "array":
             self._pub = KvEventPublisher(endpoint, topic=topic, encoding="array")
         else:
-            raise ValueError(f"unknown KV event encoding {encoding!r}")
+            raise UnknownEncodingError(f"unknown KV event encoding {encoding!r}")
 
     @property
     def seq(self) -> int:

@@ -20,7 +20,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from contracts.errors import ConfigurationError
 from sim.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+class EngineCacheSizeError(ConfigurationError, ValueError):
+    """A simulated engine's KV cache that cannot hold one block of a positive size."""
 
 
 @dataclass
@@ -42,7 +47,7 @@ class PrefixCache:
 
     def __init__(self, capacity_tokens: int, block_tokens: int, medium: str = "GPU"):
         if block_tokens <= 0 or capacity_tokens < block_tokens:
-            raise ValueError("capacity must hold at least one block of a positive size")
+            raise EngineCacheSizeError("capacity must hold at least one block of a positive size")
         self.block_tokens = block_tokens
         self.num_blocks = capacity_tokens // block_tokens
         self.medium = medium

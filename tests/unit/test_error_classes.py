@@ -1,5 +1,6 @@
-"""Errors the router and tierd raise for values out of range are in the exception tree
-(`contracts.errors`), and still the ValueError their callers catch."""
+"""Errors the product raises for values out of range (the router, tierd, the simulator, the
+gateway's JSON codec) are in the exception tree (`contracts.errors`), and still the
+ValueError their callers catch."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import pytest
 
 from contracts.errors import ConfigurationError, InputError, WarmgateError
 from contracts.tiers import Tier
+from gateway.json_codec import decode
 from router.blocks import hash_blocks
 from router.footprints import SessionFootprints
 from router.index import PrefixIndex
 from sim.cluster.kvcache import L1Store, LruStore
+from sim.engine.block_hash import BlockHasher
+from sim.engine.kv_events import EnginePublisher
+from sim.engine.prefix_cache import PrefixCache
 from sim.players.encode import ChainIds
 from sim.players.params import GameParams
 from sim.traces import unshared_blocks
@@ -35,6 +40,11 @@ from tierd.slices import make_meta
         (lambda: LruStore(-1, print), ConfigurationError),
         (lambda: L1Store(0, print), ConfigurationError),
         (lambda: ChainIds(0), ConfigurationError),
+        (lambda: decode("[" * 100_000), InputError),
+        (lambda: BlockHasher(16, "md5"), ConfigurationError),
+        (lambda: BlockHasher(16, seed="0").block(None, [1, 2, 3]), InputError),
+        (lambda: EnginePublisher("tcp://127.0.0.1:1", encoding="yaml"), ConfigurationError),
+        (lambda: PrefixCache(8, 16), ConfigurationError),
         (lambda: unshared_blocks([], 0), ConfigurationError),
     ],
 )
