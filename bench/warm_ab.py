@@ -10,6 +10,8 @@ cached tokens against the warmed full blocks.
     python -m bench.warm_ab --dialogues 120 --rate 2 --lead-s 2 --time-scale 1 --seed 7
 
 prints one JSON document: TTFT p50/p99 per arm, warm outcomes, the cached ratio.
+`--no-warms` runs the same schedule without warming (the cold arm's baseline: what the warms
+did to the real requests beside them).
 """
 
 from __future__ import annotations
@@ -79,14 +81,15 @@ async def dialogue(
     prompt: str,
     t0: float,
     out: dict[str, list[Any]],
+    warms: bool = True,
 ) -> None:
     """Dialogue i: (when warmed) the NPC's context warmed `lead_s` before the player's first
     line, which is that context plus the line."""
     user = f"player-{i}"
     context = [{"role": "system", "content": prompt}]
-    warmed = i % 2 == 0
+    warmed = i % 2 == 0  # its arm (with --no-warms the even ones are not warmed either)
     warm: dict[str, Any] | None = None
-    if warmed:
+    if warmed and warms:
         await asyncio.sleep(max(0.0, t0 + at_s - lead_s - time.monotonic()))
         r = await client.post("/v1/warm", json={"model": MODEL, "messages": context, "user": user})
         if r.status_code == 200:
@@ -115,6 +118,8 @@ async def dialogue(
         full = (warm["prompt_tokens"] - 1) // BLOCK * BLOCK
         if full:
             out["cached_ratio"].append(cached / full)
+            if cached < full // 2:
+                out["uncached"].append({"i": i, "line_instance": instance, "warm": warm})
 
 
 async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
@@ -133,12 +138,18 @@ async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
         "cold_failed",
         "cached_ratio",
         "lines",
+        "uncached",
     ]
     out: dict[str, list[Any]] = {k: [] for k in keys}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
         t0 = time.monotonic()
-        await asyncio.gather(*(dialogue(client, i, a, args.lead_s, p, t0, out) for i, a, p in plan))
+        await asyncio.gather(
+            *(
+                dialogue(client, i, a, args.lead_s, p, t0, out, not args.no_warms)
+                for i, a, p in plan
+            )
+        )
         stats = (await client.get("/admin/stats")).json()
 
     def summary(values: list[float]) -> dict[str, Any]:
@@ -163,6 +174,7 @@ async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
             "min": min(ratios) if ratios else None,
         },
         "gateway_warm_stats": stats.get("warm"),
+        "warmed_lines_mostly_uncached": out["uncached"],
         "slowest_lines": sorted(out["lines"], key=lambda d: -d["ttft_s"])[:8],
     }
 
@@ -176,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--no-warms", action="store_true", help="the same schedule with no warm: the baseline"
+    )
     p.add_argument("--run-dir", type=Path, default=None)
     args = p.parse_args(argv)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="warm-ab-"))
