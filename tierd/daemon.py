@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contracts.errors import InputError
 from tierd import events as ev
 from tierd.engine_events import EngineEvents
 from tierd.events import EventPublisher
@@ -24,6 +25,10 @@ from tierd.store import TieredStore
 MEDIUMS = (ev.GPU, ev.ARRAY, ev.SNAPSHOT)
 
 log = logging.getLogger("tierd")
+
+
+class UnknownTierError(InputError, ValueError):
+    """An eviction asked of a tier tierd does not have."""
 
 
 class Daemon:
@@ -160,7 +165,7 @@ class Daemon:
                 n += len(st.forget_snapshot(sid))
             st.counters.evictions["snapshot"] += n
             return n
-        raise ValueError(f"unknown tier {tier!r}; one of {MEDIUMS}")
+        raise UnknownTierError(f"unknown tier {tier!r}; one of {MEDIUMS}")
 
     def stats(self) -> dict[str, Any]:
         out = store_stats(self.store)

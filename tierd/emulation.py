@@ -19,7 +19,12 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
+
+
+class EmulationError(ConfigurationError, ValueError):
+    """An unknown emulation profile or a time scale that is not positive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +101,16 @@ class Emulator:
     ) -> None:
         p = PROFILES.get(profile) if profile else None
         if profile and p is None:
-            raise ValueError(f"unknown emulation profile {profile!r}; known: {sorted(PROFILES)}")
+            raise EmulationError(
+                f"unknown emulation profile {profile!r}; known: {sorted(PROFILES)}"
+            )
         self.profile = p
         array_bps = array_gbps * 1e9 if array_gbps is not None else (p.array_bps if p else 0.0)
         snap_bps = (
             snapshot_gbps * 1e9 if snapshot_gbps is not None else (p.snapshot_bps if p else 0.0)
         )
         if time_scale <= 0:
-            raise ValueError("time_scale must be positive")
+            raise EmulationError("time_scale must be positive")
         self.time_scale = time_scale
         self.array = Link(array_bps, time_scale)
         self.snapshot = Link(snap_bps, time_scale)

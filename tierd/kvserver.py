@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import ConfigurationError
 from tierd import events as ev
 from tierd.counters import ThroughputMeter
 from tierd.hints import HintLedger
@@ -35,6 +36,10 @@ from tierd.store import TieredStore
 
 log = logging.getLogger("tierd.kvserver")
 NAMESPACE_FILE = "NAMESPACE"
+
+
+class KvSocketConfigError(ConfigurationError, RuntimeError):
+    """The KV socket cannot run with these settings (L1 must be shared memory)."""
 
 
 @dataclass
@@ -68,7 +73,7 @@ class KvServer:
 
     async def start(self) -> None:
         if self.store.l1.shm_fd is None:
-            raise RuntimeError("the KV socket needs L1 in shared memory (backend shm)")
+            raise KvSocketConfigError("the KV socket needs L1 in shared memory (backend shm)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

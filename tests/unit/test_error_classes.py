@@ -21,7 +21,10 @@ from sim.engine.prefix_cache import PrefixCache
 from sim.players.encode import ChainIds
 from sim.players.params import GameParams
 from sim.traces import unshared_blocks
+from tierd.connector.layout import layer_runs
+from tierd.emulation import Emulator
 from tierd.slices import make_meta
+from tierd.tiers.l1_arena import L1Arena
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,10 @@ from tierd.slices import make_meta
         (lambda: BlockHasher(16, seed="0").block(None, [1, 2, 3]), InputError),
         (lambda: EnginePublisher("tcp://127.0.0.1:1", encoding="yaml"), ConfigurationError),
         (lambda: PrefixCache(8, 16), ConfigurationError),
+        (lambda: Emulator("no-such-profile"), ConfigurationError),
+        (lambda: Emulator(None, time_scale=0), ConfigurationError),
+        (lambda: L1Arena(1024, 4096, backend="host"), ConfigurationError),
+        (lambda: layer_runs([4, 8], [8, 1], 2, 0, num_blocks=3), ConfigurationError),
         (lambda: unshared_blocks([], 0), ConfigurationError),
     ],
 )

@@ -21,6 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
+
+
+class KvLayoutError(ConfigurationError, ValueError):
+    """An engine's KV tensor layout the connector cannot copy blocks of."""
+
 
 @dataclass(frozen=True, slots=True)
 class LayerRuns:
@@ -54,7 +60,7 @@ def layer_runs(
     logical order)."""
     dims = [i for i, n in enumerate(shape) if n == num_blocks]
     if not dims:
-        raise ValueError(f"no dimension of {tuple(shape)} has {num_blocks} blocks")
+        raise KvLayoutError(f"no dimension of {tuple(shape)} has {num_blocks} blocks")
     bd = dims[0]
     bstride = strides[bd]
     others = [(strides[i], shape[i], i) for i in range(len(shape)) if i != bd and shape[i] > 1]
@@ -63,10 +69,10 @@ def layer_runs(
     run = 1
     for s, n in inner:
         if s != run:
-            raise ValueError(f"layout {tuple(shape)}/{tuple(strides)} is not dense below blocks")
+            raise KvLayoutError(f"layout {tuple(shape)}/{tuple(strides)} is not dense below blocks")
         run *= n
     if len(inner) + len(outer) != len(others) or (num_blocks > 1 and bstride < run):
-        raise ValueError(f"layout {tuple(shape)}/{tuple(strides)} has overlapping blocks")
+        raise KvLayoutError(f"layout {tuple(shape)}/{tuple(strides)} has overlapping blocks")
     starts = [storage_offset]
     for s, n in outer:
         starts = [b + i * s for b in starts for i in range(n)]

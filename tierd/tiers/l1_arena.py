@@ -21,8 +21,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
 from tierd.native import DeviceArena, HostArena, backends, copy_batch
 from tierd.slices import Payload, SliceMeta
+
+
+class L1SizeError(ConfigurationError, ValueError):
+    """L1 too small for one slot (`l1_bytes` below `slice_bytes`)."""
 
 
 @dataclass(slots=True)
@@ -73,7 +78,7 @@ class L1Arena:
         self.slot_bytes = slot_bytes
         self.slots = nbytes // slot_bytes
         if self.slots < 1:
-            raise ValueError(f"L1 of {nbytes} bytes holds no slot of {slot_bytes} bytes")
+            raise L1SizeError(f"L1 of {nbytes} bytes holds no slot of {slot_bytes} bytes")
         self.shm_fd: int | None = None
         self.arena: Arena
         if backend == "shm":
