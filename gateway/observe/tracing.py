@@ -92,6 +92,7 @@ class Tracing:
     """The app's tracer (built with the app state): `enabled` only with the SDK configured."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        # `env` decides on or off (os.environ by default); the SDK reads its own from os.environ
         env = os.environ if env is None else env
         self._off = RequestTrace()
         self._sdk: _Sdk | None = _Sdk(env) if tracing_wanted(env) else None
