@@ -40,7 +40,17 @@ from typing import IO
 
 import httpx
 
+from contracts.errors import UpstreamError
+
 PR_SET_PDEATHSIG = 1
+
+
+class ChildFailedError(UpstreamError, RuntimeError):
+    """A supervised child exited, was never started, or failed at what it was started for."""
+
+
+class ChildNotReadyError(UpstreamError, TimeoutError):
+    """A supervised child did not answer in time."""
 
 
 def _die_with_parent() -> None:
@@ -228,7 +238,7 @@ def wait_http(tree: ProcessTree, url: str, timeout_s: float, expect: int = 200) 
     last = ""
     while time.monotonic() < deadline:
         if not tree.alive():
-            raise RuntimeError(
+            raise ChildFailedError(
                 f"{tree.name} exited {tree.returncode}; log {tree.log_path}:\n{tree.tail()}"
             )
         try:
@@ -239,7 +249,7 @@ def wait_http(tree: ProcessTree, url: str, timeout_s: float, expect: int = 200) 
         except httpx.HTTPError as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise TimeoutError(
+    raise ChildNotReadyError(
         f"{tree.name}: {url} not ready after {timeout_s:g}s ({last}); "
         f"log {tree.log_path}:\n{tree.tail()}"
     )

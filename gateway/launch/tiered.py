@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
-from gateway.launch.process import ProcessTree
-from gateway.launch.vllm_fleet import FleetConfig, VllmEngine, free_port
+from gateway.launch.process import ChildFailedError, ProcessTree
+from gateway.launch.vllm_fleet import FleetConfig, FleetConfigError, VllmEngine, free_port
 from tierd.slices import HEADER_BYTES, decode_header
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -105,12 +105,12 @@ class TierdProcess:
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 if not self.tree.alive():
-                    raise RuntimeError(f"{self.name} exited:\n{self.tree.tail()}")
+                    raise ChildFailedError(f"{self.name} exited:\n{self.tree.tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/readyz").status_code == 200:
                         return
                 time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.tree.tail()}")
+        raise ChildFailedError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.tree.tail()}")
 
     def stats(self) -> dict[str, Any]:
         with httpx.Client(timeout=5.0, trust_env=False) as client:
@@ -201,7 +201,7 @@ class TieredFleet:
     def __init__(self, cfg: TieredConfig) -> None:
         run_dir = cfg.fleet.run_dir
         if run_dir is None:
-            raise ValueError("a tiered fleet needs a run_dir (sockets, logs, the array)")
+            raise FleetConfigError("a tiered fleet needs a run_dir (sockets, logs, the array)")
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
         self.cfg = cfg.fleet  # what VllmFleet's users read (hash seed, algorithm, ...)

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from gateway.launch.banner import Interrupted, banner_text
-from gateway.launch.process import ProcessTree
+from gateway.launch.process import ChildFailedError, ChildNotReadyError, ProcessTree
 from gateway.launch.process import wait_http as wait_for
 
 DEFAULT_MODEL = "sim-qwen2.5-32b"
@@ -168,7 +168,7 @@ class Child:
 
 def wait_http(child: Child, url: str, timeout_s: float) -> None:
     if child.tree is None:
-        raise RuntimeError(f"{child.name} was not started")
+        raise ChildFailedError(f"{child.name} was not started")
     wait_for(child.tree, url, timeout_s)
 
 
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted:
         print("\nwarmgate up: stopping...", file=sys.stderr, flush=True)
         return 0
-    except RuntimeError as exc:
+    except (RuntimeError, ChildNotReadyError) as exc:  # a child that failed or never answered
         print(f"warmgate up: {exc}", file=sys.stderr)
         return 1
     finally:

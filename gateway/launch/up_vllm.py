@@ -26,9 +26,10 @@ import httpx
 import yaml
 
 from gateway.engine.vllm_metrics import cache_config
+from gateway.fleet.engine_check import EngineConfigMismatch
 from gateway.launch.banner import Interrupted, banner_text
 from gateway.launch.models import EngineEnvMissing, ensure_tiny_model, require_engine_python
-from gateway.launch.process import ProcessTree
+from gateway.launch.process import ChildFailedError, ProcessTree
 from gateway.launch.tiered import TieredConfig, TieredFleet
 from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
 from gateway.pipeline import hf_tokenizer
@@ -47,13 +48,13 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
         for e in fleet:
             info = cache_config(client.get(f"{e.url}/metrics").text)
             if info is None:
-                raise RuntimeError(f"{e.id} publishes no vllm:cache_config_info")
+                raise EngineConfigMismatch(f"{e.id} publishes no vllm:cache_config_info")
             if info.block_size is not None:
                 block_sizes.add(info.block_size)
             if info.hash_algo is not None:
                 algos.add(info.hash_algo)
     if len(block_sizes) != 1 or len(algos) != 1:
-        raise RuntimeError(f"the engines disagree: block sizes {block_sizes}, hash {algos}")
+        raise EngineConfigMismatch(f"the engines disagree: block sizes {block_sizes}, hash {algos}")
     precise: dict[str, Any] = {
         "hash": "vllm",
         "vllm_hash_algo": algos.pop(),
@@ -99,14 +100,14 @@ def _wait_gateway(tree: ProcessTree, url: str, timeout_s: float) -> None:
     with httpx.Client(timeout=2.0, trust_env=False) as client:
         while time.monotonic() < deadline:
             if not tree.alive():
-                raise RuntimeError(f"the gateway exited; log {tree.log_path}:\n{tree.tail()}")
+                raise ChildFailedError(f"the gateway exited; log {tree.log_path}:\n{tree.tail()}")
             try:
                 if client.get(url).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-    raise RuntimeError(f"the gateway did not answer {url}; log {tree.log_path}:\n{tree.tail()}")
+    raise ChildFailedError(f"the gateway did not answer {url}; log {tree.log_path}:\n{tree.tail()}")
 
 
 def banner(base_url: str, fleet: Fleet, run_dir: Path, config: dict[str, Any]) -> str:

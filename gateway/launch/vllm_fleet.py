@@ -45,8 +45,9 @@ from types import TracebackType
 
 import httpx
 
+from contracts.errors import ConfigurationError
 from gateway.launch.models import engine_python
-from gateway.launch.process import ProcessTree
+from gateway.launch.process import ChildFailedError, ProcessTree
 
 NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.32's sha256_cbor seed without PYTHONHASHSEED
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -66,6 +67,10 @@ def hash_seed_of(hash_algo: str, pythonhashseed: str | None) -> str | None:
     if pythonhashseed is not None:
         return pythonhashseed
     return NONE_HASH_SEED if hash_algo == "sha256_cbor" else None
+
+
+class FleetConfigError(ConfigurationError, ValueError):
+    """A fleet configuration vLLM cannot be started with."""
 
 
 @dataclass(frozen=True)
@@ -220,13 +225,13 @@ class VllmEngine:
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Until the engine serves its models; RuntimeError (with its log) if it dies or stalls."""
         if self.tree is None:
-            raise RuntimeError(f"{self.id} was never started")
+            raise ChildFailedError(f"{self.id} was never started")
         deadline = time.monotonic() + (timeout_s or self.cfg.start_timeout_s)
         why = "no answer"
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 if not self.tree.alive():
-                    raise RuntimeError(
+                    raise ChildFailedError(
                         f"{self.id} exited ({self.tree.returncode}) before it was ready; "
                         f"log {self.log_path}:\n{self.tree.tail()}"
                     )
@@ -235,7 +240,7 @@ class VllmEngine:
                     self.tree.descendants()  # remember EngineCore and Worker for stop()
                     return
                 time.sleep(0.5)
-        raise RuntimeError(
+        raise ChildFailedError(
             f"{self.id} not ready after {timeout_s or self.cfg.start_timeout_s:.0f}s ({why}); "
             f"log {self.log_path}:\n{self.tree.tail()}"
         )
@@ -255,13 +260,13 @@ class VllmFleet:
 
     def __init__(self, cfg: FleetConfig) -> None:
         if cfg.engines < 1:
-            raise ValueError("a fleet needs at least one engine")
+            raise FleetConfigError("a fleet needs at least one engine")
         if cfg.ports and len(cfg.ports) != cfg.engines:
-            raise ValueError("give one port per engine, or none")
+            raise FleetConfigError("give one port per engine, or none")
         if cfg.cores and len(cfg.cores) != cfg.engines:
-            raise ValueError("give one core per engine, or none")
+            raise FleetConfigError("give one core per engine, or none")
         if cfg.kv_cache_gib < 1 or cfg.kv_cache_gib != int(cfg.kv_cache_gib):
-            raise ValueError("kv_cache_gib must be a whole number of GiB (vLLM reads an int)")
+            raise FleetConfigError("kv_cache_gib must be a whole number of GiB (vLLM reads an int)")
         self.cfg = cfg
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if cfg.run_dir is None:

@@ -4,13 +4,17 @@ ValueError their callers catch."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from contracts.errors import ConfigurationError, InputError, WarmgateError
+from contracts.errors import ConfigurationError, InputError, UpstreamError, WarmgateError
 from contracts.tiers import Tier
 from gateway.json_codec import decode
+from gateway.launch.process import ProcessTree, wait_http
+from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
 from router.blocks import hash_blocks
 from router.footprints import SessionFootprints
 from router.index import PrefixIndex
@@ -60,4 +64,31 @@ def test_a_value_out_of_range_is_a_warmgate_error_and_a_value_error(
 ) -> None:
     with pytest.raises(phase) as info:
         call()
+    assert isinstance(info.value, ValueError)
+
+
+def test_a_supervised_child_that_fails_or_never_answers_is_an_upstream_error(
+    tmp_path: Path,
+) -> None:
+    gone = ProcessTree.start("gone", [sys.executable, "-c", "pass"], tmp_path / "gone.log")
+    try:
+        with pytest.raises(UpstreamError) as info:
+            wait_http(gone, "http://127.0.0.1:9/", timeout_s=30)
+        assert isinstance(info.value, RuntimeError)
+    finally:
+        gone.stop(timeout_s=5)
+    mute = ProcessTree.start(
+        "mute", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "mute.log"
+    )
+    try:
+        with pytest.raises(UpstreamError) as info:
+            wait_http(mute, "http://127.0.0.1:9/", timeout_s=0.3)
+        assert isinstance(info.value, TimeoutError)
+    finally:
+        mute.stop(timeout_s=5)
+
+
+def test_a_fleet_vllm_cannot_start_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        VllmFleet(FleetConfig(model_dir=tmp_path, engines=0))
     assert isinstance(info.value, ValueError)
