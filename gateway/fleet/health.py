@@ -22,12 +22,17 @@ from typing import Any, Literal
 
 import httpx
 
+from contracts.errors import UpstreamError
 from gateway.config.settings import HealthSettings, InstanceSettings
 from gateway.observe.metrics import GatewayMetrics
 
 log = logging.getLogger("warmgate.health")
 
 HealthState = Literal["unknown", "healthy", "unhealthy"]
+
+
+class ModelListError(UpstreamError, ValueError):
+    """An engine's `/v1/models` answer names no model."""
 
 
 @dataclass
@@ -252,10 +257,10 @@ class HealthChecker:
         resp.raise_for_status()
         data = resp.json().get("data")
         if not isinstance(data, list):
-            raise ValueError("no model list in the answer")
+            raise ModelListError("no model list in the answer")
         models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
         if not models:
-            raise ValueError("the instance serves no model")
+            raise ModelListError("the instance serves no model")
         h = self.health.get(inst.id)
         if h is not None:
             h.discovered_models = models

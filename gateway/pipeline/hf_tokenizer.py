@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import RoutingError
+from contracts.errors import ConfigurationError, RoutingError
 
 THREAD_THRESHOLD_CHARS = 8192  # encode longer texts in a worker thread
 SPECIAL_TOKEN_KEYS = (
@@ -41,6 +41,14 @@ SPECIAL_TOKEN_KEYS = (
 def available() -> bool:
     """Whether the tokenizer extra is installed (tokenizers and jinja2 import)."""
     return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "jinja2"))
+
+
+class TokenizerExtraMissing(ConfigurationError, RuntimeError):
+    """`routing.precise.tokenizer_dir` is set but the tokenizer extra is not installed."""
+
+
+class TokenizerDirError(ConfigurationError, ValueError):
+    """`routing.precise.tokenizer_dir` holds no tokenizer."""
 
 
 class LocalTokenizeUnsupported(RoutingError, ValueError):
@@ -99,13 +107,13 @@ class HfChatTokenizer:
             import jinja2.sandbox
             from tokenizers import Tokenizer
         except ImportError as exc:  # an optional extra
-            raise RuntimeError(
+            raise TokenizerExtraMissing(
                 "routing.precise.tokenizer_dir needs the tokenizer extra: "
                 "pip install 'warmgate[tokenizer]'"
             ) from exc
         path = Path(directory)
         if not (path / "tokenizer.json").is_file():
-            raise ValueError(f"routing.precise.tokenizer_dir: no tokenizer.json in {path}")
+            raise TokenizerDirError(f"routing.precise.tokenizer_dir: no tokenizer.json in {path}")
         config_file = path / "tokenizer_config.json"
         config = json.loads(config_file.read_text("utf-8")) if config_file.is_file() else {}
         self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))

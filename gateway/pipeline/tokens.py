@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from contracts.errors import RoutingError
+from contracts.errors import ConfigurationError, RoutingError
 from gateway.config.settings import PreciseSettings
 from gateway.fleet.health import HealthChecker
 from gateway.observe.metrics import GatewayMetrics
@@ -43,6 +43,10 @@ from router.types import RouteRequest
 log = logging.getLogger("warmgate.tokens")
 
 
+class TokenizerSpecError(ConfigurationError, ValueError):
+    """`routing.precise.tokenizer` is not `module:factory`."""
+
+
 class TokenizeUnavailable(RoutingError):
     """No tokens for this request: route it in approximate mode."""
 
@@ -51,7 +55,9 @@ def load_tokenizer(spec: str) -> Tokenizer:
     """The local tokenizer named `module:factory` (the factory is called once)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"routing.precise.tokenizer must be 'module:factory', not {spec!r}")
+        raise TokenizerSpecError(
+            f"routing.precise.tokenizer must be 'module:factory', not {spec!r}"
+        )
     factory = pkgutil.resolve_name(spec)  # a user's tokenizer, named in the settings
     tokenizer: Tokenizer = factory()
     return tokenizer

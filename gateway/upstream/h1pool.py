@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from gateway.upstream.h1_connection import Connection
 from gateway.upstream.transport import (
     LOCAL_ERRNOS,
+    HeaderLineBreakError,
     Headers,
     Target,
     Timeouts,
@@ -115,7 +116,7 @@ class H1Pool:
         for name, value in headers.items():
             encoded = value.encode("latin-1")
             if b"\r" in encoded or b"\n" in encoded:
-                raise ValueError(f"header {name!r} holds a line break")
+                raise HeaderLineBreakError(f"header {name!r} holds a line break")
             lines += [name.encode("latin-1"), b": ", encoded, b"\r\n"]
         lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n"]
         head = b"".join(lines)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from contracts.errors import ConfigurationError, InputError
 from contracts.errors import UpstreamError as WarmgateUpstreamError
 
 
@@ -60,6 +61,14 @@ class UpstreamReadError(TransportError):
     pass
 
 
+class HeaderLineBreakError(InputError, ValueError):
+    """A header value holding a line break (it would split the request)."""
+
+
+class UnproxiedUrlError(ConfigurationError, ValueError):
+    """An instance URL the transports cannot proxy to (only http:// is)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     connect_s: float
@@ -82,7 +91,7 @@ class Target:
     def parse(cls, url: str) -> Target:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http:// URLs are proxied, not {url!r}")
+            raise UnproxiedUrlError(f"only http:// URLs are proxied, not {url!r}")
         port = parts.port or 80
         path = parts.path or "/"
         if parts.query:
@@ -120,7 +129,7 @@ def check_header_values(headers: Mapping[str, str]) -> None:
     """A header value with a line break would split the request: refuse it."""
     for name, value in headers.items():
         if "\r" in value or "\n" in value:
-            raise ValueError(f"header {name!r} holds a line break")
+            raise HeaderLineBreakError(f"header {name!r} holds a line break")
 
 
 class UpstreamResponse(Protocol):

@@ -15,6 +15,8 @@ from contracts.tiers import Tier
 from gateway.json_codec import decode
 from gateway.launch.process import ProcessTree, wait_http
 from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
+from gateway.pipeline.tokens import load_tokenizer
+from gateway.upstream.transport import Target, check_header_values
 from router.blocks import hash_blocks
 from router.footprints import SessionFootprints
 from router.index import PrefixIndex
@@ -48,6 +50,9 @@ from tierd.tiers.l1_arena import L1Arena
         (lambda: L1Store(0, print), ConfigurationError),
         (lambda: ChainIds(0), ConfigurationError),
         (lambda: decode("[" * 100_000), InputError),
+        (lambda: Target.parse("https://engine:9000"), ConfigurationError),
+        (lambda: check_header_values({"x-a": "1\r\nx-b: 2"}), InputError),
+        (lambda: load_tokenizer("no_colon"), ConfigurationError),
         (lambda: BlockHasher(16, "md5"), ConfigurationError),
         (lambda: BlockHasher(16, seed="0").block(None, [1, 2, 3]), InputError),
         (lambda: EnginePublisher("tcp://127.0.0.1:1", encoding="yaml"), ConfigurationError),
