@@ -33,8 +33,9 @@ from typing import Any, Literal, Protocol
 import cbor2
 import xxhash
 
+from contracts.errors import ConfigurationError, InputError
 from contracts.slices import normalize
-from router.blocks import chain_seed
+from router.blocks import BlockSizeError, chain_seed
 from router.types import RouteRequest
 
 VllmHashAlgo = Literal["sha256_cbor", "xxhash_cbor"]
@@ -44,13 +45,22 @@ THREAD_THRESHOLD_BLOCKS = 64  # hash longer chains in a worker thread, off the e
 # digest -> u64 rule has one owner, the slice-key rule.
 event_int = normalize
 
+
+class UnsupportedHashError(ConfigurationError, ValueError):
+    """A block hash algorithm precise mode cannot reproduce (not portable, or unknown)."""
+
+
+class TokenIdRangeError(InputError, ValueError):
+    """A token id outside [0, 2**32)."""
+
+
 Tokenizer = Callable[[Any], Sequence[int] | Awaitable[Sequence[int]]]
 
 
 def cut_blocks(tokens: Sequence[int], block_size: int) -> list[Sequence[int]]:
     """The full blocks of `tokens`, in order (a trailing partial block is dropped)."""
     if block_size <= 0:
-        raise ValueError("block_size must be positive")
+        raise BlockSizeError("block_size must be positive")
     full = len(tokens) // block_size
     return [tokens[i * block_size : (i + 1) * block_size] for i in range(full)]
 
@@ -90,13 +100,15 @@ class VllmBlockHasher:
         algo: VllmHashAlgo = "sha256_cbor",
     ) -> None:
         if block_size <= 0:
-            raise ValueError("block_size must be positive")
+            raise BlockSizeError("block_size must be positive")
         if algo == "sha256_cbor":
             self._fn: Callable[[bytes], bytes] = _sha256
         elif algo == "xxhash_cbor":
             self._fn = _xxh3_128
         else:
-            raise ValueError(f"unsupported hash algorithm {algo!r} (not portable or unknown)")
+            raise UnsupportedHashError(
+                f"unsupported hash algorithm {algo!r} (not portable or unknown)"
+            )
         self.algo = algo
         self.block_size = block_size
         self.none_hash = self._hash(hash_seed)
@@ -147,7 +159,7 @@ class Xxh3BlockHasher:
 
     def __init__(self, *, model: str, block_size: int) -> None:
         if block_size <= 0:
-            raise ValueError("block_size must be positive")
+            raise BlockSizeError("block_size must be positive")
         self.model = model
         self.block_size = block_size
         self._block = struct.Struct(f"<{block_size}I")
@@ -167,7 +179,7 @@ class Xxh3BlockHasher:
         try:
             data = struct.pack(f"<{full * self.block_size}I", *tokens[: full * self.block_size])
         except struct.error as exc:
-            raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
+            raise TokenIdRangeError(f"token ids must be in [0, 2**32): {exc}") from None
         digest = xxhash.xxh3_64_intdigest
         hashes: list[int] = []
         append = hashes.append

@@ -33,6 +33,10 @@ class EngineEnvMissing(ConfigurationError, RuntimeError):
     """The engine's virtual environment is not installed."""
 
 
+class ModelBuildError(ConfigurationError, RuntimeError):
+    """The tiny test model could not be built in the engine's environment."""
+
+
 def engine_python() -> Path:
     """The interpreter of the engine's own virtual environment (it may not exist)."""
     explicit = os.environ.get("WARMGATE_ENGINE_PYTHON")
@@ -108,7 +112,7 @@ def ensure_tiny_model(
                 timeout=900,
             )
             if result.returncode != 0:
-                raise RuntimeError(
+                raise ModelBuildError(
                     f"building {name} failed ({result.returncode}):\n{result.stderr[-3000:]}"
                 )
             if target.exists():

@@ -20,6 +20,7 @@ from gateway.upstream.transport import Target, check_header_values
 from router.blocks import hash_blocks
 from router.footprints import SessionFootprints
 from router.index import PrefixIndex
+from router.precise import VllmBlockHasher, Xxh3BlockHasher, cut_blocks
 from sim.cluster.kvcache import L1Store, LruStore
 from sim.engine.block_hash import BlockHasher
 from sim.engine.kv_events import EnginePublisher
@@ -42,6 +43,9 @@ from tierd.tiers.l1_arena import L1Arena
         (lambda: SessionFootprints(quantile=1.5), ConfigurationError),
         (lambda: SessionFootprints(max_sessions=0), ConfigurationError),
         (lambda: hash_blocks("text", seed=0, block_chars=0), ConfigurationError),
+        (lambda: cut_blocks([1, 2], 0), ConfigurationError),
+        (lambda: VllmBlockHasher(hash_seed="0", algo="sha1"), ConfigurationError),  # type: ignore[arg-type]
+        (lambda: Xxh3BlockHasher(model="m", block_size=2).block_hashes([-1, 2]), InputError),
         (lambda: make_meta(1 << 64, b"x", None, None), InputError),
         (lambda: make_meta(1, b"x", -1, None), InputError),
         (lambda: make_meta(1, b"x", None, 1 << 32), InputError),
