@@ -8,6 +8,8 @@ through the proxy: they are no client's requests and count in no statistic):
 
 - each a chat completion with `max_tokens` 1 and its own `cache_salt` (vLLM's body field,
   which the simulated engine honours too), so it reuses nothing and nothing reuses it;
+- after one short warm-up prompt, not timed (a fresh connection, and an engine's first
+  request, are slower than what follows: measured, they would bend the fitted curve);
 - each timed from send to answer (with one output token, that is its time to first token)
   and sized by the engine's `usage.prompt_tokens` (else the gateway's estimate);
 - all of them within `calibration.probe_timeout_s`; what was measured by then counts.
@@ -45,6 +47,9 @@ _TEXT = (
     "where traders wait for the ferry at dawn with salt wool and iron"
 )
 _WORDS = tuple(_TEXT.split(" "))
+
+
+WARM_UP_TOKENS = 16  # the untimed first prompt
 
 
 def probe_prompt(tokens: int) -> str:
@@ -147,6 +152,8 @@ class CalibrationProbe:
         if not models:
             raise ValueError("no model known for the instance")
         url = f"{self._health.instance_url(instance)}/v1/chat/completions"
+        warm = await self._client.post(url, json=probe_body(models[0], WARM_UP_TOKENS))
+        warm.raise_for_status()
         for tokens in self._settings.probe_tokens:
             body = probe_body(models[0], tokens)
             started = time.perf_counter()

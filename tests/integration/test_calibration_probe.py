@@ -160,12 +160,14 @@ def test_every_probe_prompt_is_salted_of_its_own_and_asks_one_token(tmp_path: Pa
         fleet = gateway(tmp_path, [{"id": "rec", "url": url}], calibration={"probe_tokens": sizes})
         try:
             bodies = httpx.get(f"{url}/records", timeout=10).json()
-            assert len(bodies) == len(sizes)
+            assert len(bodies) == 1 + len(sizes)  # an untimed warm-up, then the sizes
+            assert len(bodies[0]["messages"][0]["content"].split()) < min(sizes)
+            assert bodies[0]["max_tokens"] == 1
             salts = [b["cache_salt"] for b in bodies]
             assert all(isinstance(s, str) and s for s in salts)
             assert len(set(salts)) == len(salts)
             assert all(b["max_tokens"] == 1 and b["model"] == "rec-model" for b in bodies)
-            assert [len(b["messages"][0]["content"].split()) for b in bodies] == sizes
+            assert [len(b["messages"][0]["content"].split()) for b in bodies[1:]] == sizes
             instances = fleet.admin("stats")["router"]["policy_stats"]["instances"]
             assert "rec" in instances  # the samples reached the policy
         finally:
