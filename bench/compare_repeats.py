@@ -74,6 +74,8 @@ def median_rows(repeats: Sequence[Rows]) -> dict[str, dict[str, Any]]:
             values = [r[key] for r in runs if _number(r.get(key))]
             if values and len(values) == len(runs):
                 med = statistics.median(values)
+                if all(isinstance(v, int) for v in values) and float(med).is_integer():
+                    med = int(med)  # counts stay counts (two runs' median is a float)
                 row[key] = round(med, 4) if isinstance(med, float) else med
         row["repeats_ran"] = len(runs)
         out[name] = row

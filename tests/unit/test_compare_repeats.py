@@ -45,6 +45,9 @@ def test_medians_and_the_median_ratio_to_each_peer_and_the_best_of_a_group() -> 
     med = cr.median_rows(REPEATS)
     assert med["warmgate-ttft"]["ttft_p50_s"] == 0.3 and med["smg"]["ttft_p99_s"] == 5.0
     assert med["warmgate-ttft"]["repeats_ran"] == 3
+    two = cr.median_rows(REPEATS[:2])["smg"]
+    assert (two["requests"], two["ttft_p50_s"]) == (100, 0.75)
+    assert isinstance(two["requests"], int)  # a count stays a count
     groups = cr.groups(list(med), ["warmgate-ttft"])
     assert groups == {"defaults": ["smg"], "tuned": ["smg-tuned"]}
     ratios = cr.peer_ratios(REPEATS, ["warmgate-ttft"], groups)["warmgate-ttft"]
