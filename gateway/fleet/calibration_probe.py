@@ -151,16 +151,47 @@ class CalibrationProbe:
         models = self._health.models_of(instance)
         if not models:
             raise ValueError("no model known for the instance")
-        url = f"{self._health.instance_url(instance)}/v1/chat/completions"
-        warm = await self._client.post(url, json=probe_body(models[0], WARM_UP_TOKENS))
+        base = self._health.instance_url(instance)
+        url = f"{base}/v1/chat/completions"
+        limit = await self._max_model_len(base, models[0])
+        warm_body = probe_body(models[0], WARM_UP_TOKENS)
+        warm = await self._client.post(url, json=warm_body)
         warm.raise_for_status()
+        # the engine's tokens per probe word (chat template included, so an overestimate):
+        # a size that would not fit the engine's context is skipped, not sent to be refused
+        per_word = max(1.0, self._prompt_tokens(warm, warm_body) / WARM_UP_TOKENS)
         for tokens in self._settings.probe_tokens:
+            if limit is not None and tokens * per_word + 1 > limit:
+                log.info(
+                    "calibration probe of %s: %d tokens skipped (max_model_len %d)",
+                    instance,
+                    tokens,
+                    limit,
+                )
+                continue
             body = probe_body(models[0], tokens)
             started = time.perf_counter()
             r = await self._client.post(url, json=body)
             elapsed = time.perf_counter() - started
+            if r.status_code == 400:  # this size refused (too long, say): the others count
+                log.warning(
+                    "calibration probe of %s: %d tokens refused: %s", instance, tokens, r.text
+                )
+                continue
             r.raise_for_status()
             samples.append(CalibrationSample(self._prompt_tokens(r, body), elapsed))
+
+    async def _max_model_len(self, base: str, model: str) -> int | None:
+        """The context length the engine reports for the model on `/v1/models` (vLLM's
+        `max_model_len`), or None when it reports none."""
+        r = await self._client.get(f"{base}/v1/models")
+        r.raise_for_status()
+        data = r.json().get("data")
+        for card in data if isinstance(data, list) else []:
+            if isinstance(card, dict) and card.get("id") == model:
+                n = card.get("max_model_len")
+                return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+        return None
 
     def _prompt_tokens(self, r: httpx.Response, body: dict[str, object]) -> int:
         try:

@@ -109,6 +109,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 bodies = []
 lock = threading.Lock()
+SHORT = 600  # the context length of modes "short" (reported on /v1/models) and "refuse"
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -125,7 +126,10 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 self._send(list(bodies))
         else:
-            self._send({"object": "list", "data": [{"id": "rec-model"}]})
+            card = {"id": "rec-model"}
+            if sys.argv[2] == "short":
+                card["max_model_len"] = SHORT
+            self._send({"object": "list", "data": [card]})
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         with lock:
@@ -133,6 +137,15 @@ class Handler(BaseHTTPRequestHandler):
         if sys.argv[2] == "hang":
             time.sleep(3600)
         words = len(body["messages"][0]["content"].split())
+        if sys.argv[2] in ("short", "refuse") and words + 1 > SHORT:
+            data = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError",
+                                         "param": None, "code": 400}}).encode()
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         self._send({"id": "c", "object": "chat.completion", "created": 0, "model": "rec-model",
                     "choices": [{"index": 0, "finish_reason": "length",
                                  "message": {"role": "assistant", "content": "Hail"}}],
@@ -170,6 +183,29 @@ def test_every_probe_prompt_is_salted_of_its_own_and_asks_one_token(tmp_path: Pa
             assert [len(b["messages"][0]["content"].split()) for b in bodies[1:]] == sizes
             instances = fleet.admin("stats")["router"]["policy_stats"]["instances"]
             assert "rec" in instances  # the samples reached the policy
+        finally:
+            fleet.stop()
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("mode", ["short", "refuse"])
+def test_a_size_over_the_engine_context_is_skipped_and_the_others_count(
+    tmp_path: Path, mode: str
+) -> None:
+    """vLLM refuses a prompt longer than its max_model_len with a 400: a size that does not
+    fit is not sent where the engine reports its context length ("short"), and one the
+    engine refuses anyway ("refuse") costs only that sample."""
+    proc, url = recorder(tmp_path, mode)
+    try:
+        sizes = [64, 1024, 256]
+        fleet = gateway(tmp_path, [{"id": "rec", "url": url}], calibration={"probe_tokens": sizes})
+        try:
+            bodies = httpx.get(f"{url}/records", timeout=10).json()
+            sent = [len(b["messages"][0]["content"].split()) for b in bodies[1:]]
+            assert sent == ([64, 256] if mode == "short" else [64, 1024, 256])
+            samples = fleet.admin("stats")["router"]["policy_stats"]["instances"]
+            assert "rec" in samples  # the sizes that fit were measured and reached the policy
         finally:
             fleet.stop()
     finally:
