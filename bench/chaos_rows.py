@@ -102,6 +102,9 @@ async def continued_diffs(results: list[Any], engine_url: str) -> list[dict[str,
                     "token": token,
                     "tokens": len(pieces),
                     "char": at,
+                    # cut again later (the error event), its text a prefix of the engine's
+                    "failed_mid_stream": res.failed_mid_stream,
+                    "prefix": want.startswith(res.text),
                     "got": res.text[max(0, at - 30) : at + 30],
                     "want": want[max(0, at - 30) : at + 30],
                 }
@@ -182,6 +185,7 @@ async def run_row(
         "continued": sum(r.continued for r in results),
         "continued_identical_to_uninterrupted": f"{continued_same} of {continued_checked}",
         "continued_by": continued_by,
+        "continued_then_failed": sum(r.continued and r.failed_mid_stream for r in results),
         "continued_diffs": diffs,
         "time_to_detect_s": detect,
         "time_to_recover_s": recover,
@@ -199,8 +203,10 @@ def _continued(row: dict[str, Any]) -> str:
     if not (row["continued"] and same):
         return str(row["continued"])
     by = row.get("continued_by") or {}
-    modes = ", ".join(f"{n} by {m.replace('_', ' ')}" for m, n in sorted(by.items()))
-    return f"{row['continued']} ({same} identical{'; ' + modes if modes else ''})"
+    notes = [f"{n} by {m.replace('_', ' ')}" for m, n in sorted(by.items())]
+    if row.get("continued_then_failed"):
+        notes.append(f"{row['continued_then_failed']} cut again later")
+    return f"{row['continued']} ({same} identical{''.join('; ' + n for n in notes)})"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
