@@ -81,7 +81,6 @@ def _settings(instances: list[dict[str, Any]], redis_url: str, pool: str, rid: s
         # with the join probe on (the default since issue 24), replica a never sends the
         # added e3 a request within 30 s after the drain test (prefix's choice, which the
         # untrusted ttft follows, stays on e0/e2); unexplained yet (issue 24, join probe)
-        "calibration": {"probe": False},
     }
 
 
