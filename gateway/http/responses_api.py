@@ -98,7 +98,7 @@ def _content_text(content: Any, param: str) -> str:
         if not isinstance(part, dict):
             raise bad_request(f"`{where}` must be an object.", param=where)
         kind = part.get("type")
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             raise bad_request(
                 f"`{where}.type` {kind!r} is not supported: only input_text parts are.",
                 param=f"{where}.type",
@@ -141,7 +141,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 code="unsupported_parameter",
             )
         role = item.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(
                 f"`{where}.role` must be one of user, assistant, system, developer.",
                 param=f"{where}.role",

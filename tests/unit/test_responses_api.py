@@ -54,6 +54,11 @@ def test_chat_body() -> None:
         ({"model": "m", "input": "x", "tool_choice": "auto"}, "tool_choice"),
         ({"model": "m", "input": [{"type": "function_call_output"}]}, "input[0].type"),
         ({"model": "m", "input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"model": "m", "input": [{"role": {}, "content": "x"}]}, "input[0].role"),
+        (
+            {"model": "m", "input": [{"role": "user", "content": [{"type": [], "text": "x"}]}]},
+            "input[0].content[0].type",
+        ),
         ({"model": "m", "input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
         ({"model": "m", "input": "x", "metadata": {"a": 1}}, "metadata"),
     ],
