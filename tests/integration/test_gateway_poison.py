@@ -64,7 +64,10 @@ def test_poison_request_is_not_retried_everywhere(tmp_path: Path) -> None:
     try:
         upstream.wait_http(f"http://127.0.0.1:{ports[0]}/health")
         instances = [{"id": f"p{i}", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(ports)]
-        fleet = Fleet(tmp_path, 0, extra_instances=instances).start()
+        # no join probe: its prompts would reach the upstream and be counted with the retries
+        fleet = Fleet(
+            tmp_path, 0, extra_instances=instances, settings={"calibration": {"probe": False}}
+        ).start()
         try:
             count = f"http://127.0.0.1:{ports[0]}/count"
             client = openai.OpenAI(base_url=f"{fleet.base}/v1", api_key="x", max_retries=3)

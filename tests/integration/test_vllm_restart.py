@@ -82,6 +82,8 @@ def test_engine_sigkill_and_restart_on_the_same_port_then_predictions_are_right(
         engine.start()
         engine.wait_ready()
         _until(lambda: _health(gw)[where] == "healthy", 60, f"{where} healthy again")
+        # back to healthy, it sits out of the candidates while the join probe prices it
+        _until(lambda: where in _predicted(gw, body), 30, f"{where} probed, a candidate again")
         assert _predicted(gw, body)[where] == 0  # it came back empty: nothing is predicted
         turns = [chat(c, messages, stream=False) for _ in range(2)]
         assert all(pred == rep for _, pred, rep, _ in turns), turns
