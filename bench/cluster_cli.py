@@ -150,6 +150,24 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The simulated fleet the flags describe (one run and `--seeds` alike)."""
+    return ClusterConfig(
+        instances=args.instances,
+        block_tokens=args.block_tokens,
+        l1_tokens=args.l1_tokens,
+        l2_tokens=args.l2_tokens,
+        array_tokens=args.array_tokens,
+        profile=args.profile,
+        rate_scale=args.rate_scale,
+        array_write_through=args.array_write_through,
+    )
+
+
+def policy_names(args: argparse.Namespace) -> list[str]:
+    return [p.strip() for p in args.policies.split(",") if p.strip()]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     get_profile(args.profile)  # fail early on a bad name
@@ -170,17 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"ceil(input_length / {args.block_tokens}); is --block-tokens right?",
             file=sys.stderr,
         )
-    config = ClusterConfig(
-        instances=args.instances,
-        block_tokens=args.block_tokens,
-        l1_tokens=args.l1_tokens,
-        l2_tokens=args.l2_tokens,
-        array_tokens=args.array_tokens,
-        profile=args.profile,
-        rate_scale=args.rate_scale,
-        array_write_through=args.array_write_through,
-    )
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    config = cluster_config(args)
+    policies = policy_names(args)
     params = policy_params(args.params)
     per_policy: dict[str, dict[str, Any]] = {}
     if args.jobs > 1 and len(policies) > 1:
@@ -232,17 +241,8 @@ def run_many(args: argparse.Namespace) -> dict[str, Any]:
     """`--seeds`: every seed under every policy (bench.cluster_seeds)."""
     started = time.perf_counter()
     get_profile(args.profile)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    base = ClusterConfig(
-        instances=args.instances,
-        block_tokens=args.block_tokens,
-        l1_tokens=args.l1_tokens,
-        l2_tokens=args.l2_tokens,
-        array_tokens=args.array_tokens,
-        profile=args.profile,
-        rate_scale=args.rate_scale,
-        array_write_through=args.array_write_through,
-    )
+    policies = policy_names(args)
+    base = cluster_config(args)
     params = policy_params(args.params)
     results = run_seeds(
         trace=args.trace,
