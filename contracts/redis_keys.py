@@ -50,6 +50,20 @@ class PoolKeys:
     def lock(self, name: str) -> str:
         return self.key("lock", name)
 
+    @property
+    def fleet(self) -> str:
+        """Runtime fleet changes, a hash id -> JSON record (gateway/fleet/store.py)."""
+        return self.key("fleet")
+
+    @property
+    def fleet_version(self) -> str:
+        """Bumped by every fleet write, so replicas poll one small key."""
+        return self.key("fleet", "version")
+
+    def rate_limit(self, bucket: str) -> str:
+        """A token bucket of the limits (gateway/http/limits.py), e.g. `player:r:<id>`."""
+        return self.key("rl", bucket)
+
     def response(self, response_id: str) -> str:
         """A stored Responses API response (gateway/pipeline/response_store.py)."""
         return self.key("response", response_id)

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contracts.redis_keys import PoolKeys
 from router.state.base import StateUnavailableError
 
 Status = Literal["active", "draining", "removed"]
@@ -123,8 +124,8 @@ class RedisFleetStore:
 
     def __init__(self, url: str, pool: str, *, timeout_s: float = 0.5) -> None:
         self.url = url
-        prefix = f"warmgate:{{{pool}}}:"  # the pool's hash tag, as router.state.redis keys it
-        self._keys = [prefix + "fleet", prefix + "fleet:version"]
+        keys = PoolKeys(pool)
+        self._keys = [keys.fleet, keys.fleet_version]
         self._r = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from contracts.redis_keys import PoolKeys
 from gateway.config.guards import BucketSettings, LimitSettings
 from gateway.config.settings import Settings
 from gateway.errors import OpenAIError
@@ -148,13 +149,15 @@ class RedisBuckets:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._script = self._redis.register_script(_SCRIPT)
-        self._prefix = f"warmgate:{{{pool}}}:rl:"
+        self._keys = PoolKeys(pool)
 
     async def take(self, takes: Sequence[Take]) -> Verdict:
         args: list[float] = []
         for t in takes:
             args += [t.rate / 1000.0, t.capacity, t.cost]
-        raw: list[Any] = await self._script(keys=[self._prefix + t.key for t in takes], args=args)
+        raw: list[Any] = await self._script(
+            keys=[self._keys.rate_limit(t.key) for t in takes], args=args
+        )
         wait_ms = float(raw[1])
         levels = tuple(float(x) for x in raw[2:])
         return Verdict(bool(int(raw[0])), wait_ms / 1000.0, levels)
