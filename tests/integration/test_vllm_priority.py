@@ -34,6 +34,14 @@ def _waiting(fleet: VllmFleet) -> int:
     return int(sum(float(v) for v in _WAITING.findall(text)))
 
 
+def _queued(fleet: VllmFleet, n: int, sent: list[threading.Thread]) -> bool:
+    """True once vLLM has `n` requests waiting; fails at once, saying so, if one of those sent
+    already finished (it ran instead of queueing: the long request no longer held the slot)."""
+    if any(not t.is_alive() for t in sent):
+        raise AssertionError(f"a request finished before {n} were seen queued in vLLM")
+    return _waiting(fleet) >= n
+
+
 def _body(tag: str, max_tokens: int, stream: bool = False) -> dict[str, object]:
     return {
         "model": SERVED_MODEL,
@@ -50,7 +58,9 @@ def test_interactive_overtakes_normal_in_vllms_queue(
     finished: list[str] = []
     lock = threading.Lock()
 
-    with gateway_for(tmp_path_factory.mktemp("prio"), fleet) as gw:
+    # without the join probe: its cold prompts would take the engine's one batch slot too
+    probe_off = {"probe": False}
+    with gateway_for(tmp_path_factory.mktemp("prio"), fleet, calibration=probe_off) as gw:
 
         def send(tag: str, klass: str) -> None:
             r = httpx.post(
@@ -64,7 +74,7 @@ def test_interactive_overtakes_normal_in_vllms_queue(
                 finished.append(klass)
 
         with httpx.Client(base_url=gw.base, timeout=300) as c:
-            long = _body("long", 2000, stream=True)
+            long = _body("long", 4000, stream=True)  # aborted when closed: costs no time
             headers = {"x-warmgate-priority": "background"}
             with c.stream("POST", "/v1/chat/completions", json=long, headers=headers) as r:
                 assert r.status_code == 200
@@ -72,10 +82,11 @@ def test_interactive_overtakes_normal_in_vllms_queue(
                 next(lines)  # it holds the engine's one batch slot now
                 normal = threading.Thread(target=send, args=("n", "normal"))
                 normal.start()
-                wait_until(lambda: _waiting(fleet) >= 1, 60, "the normal request queued")
+                wait_until(lambda: _queued(fleet, 1, [normal]), 60, "the normal request queued")
                 interactive = threading.Thread(target=send, args=("i", "interactive"))
                 interactive.start()
-                wait_until(lambda: _waiting(fleet) >= 2, 60, "both requests queued")
+                both = [normal, interactive]
+                wait_until(lambda: _queued(fleet, 2, both), 60, "both requests queued")
             # the stream is closed: vLLM aborts it and picks the next by priority
         normal.join(300)
         interactive.join(300)
