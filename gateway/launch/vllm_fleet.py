@@ -27,7 +27,8 @@ API (all blocking; call from a thread in async code):
     with VllmFleet(cfg) as fleet: ...                          # start() and stop()
 
 `FleetConfig.block_size=None` keeps the engine's default (128 on CPU); the engine's own
-answer is read back by `gateway.launch.vllm_info.fetch_cache_config()`.
+answer is read back from its `/metrics` (`vllm:cache_config_info`, parsed by
+`gateway.engine.vllm_metrics.cache_config`).
 """
 
 from __future__ import annotations

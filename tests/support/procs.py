@@ -29,7 +29,9 @@ class ManagedProcess(ProcessTree):
         self.args = list(args)
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         started = ProcessTree.start(Path(self.args[0]).name, self.args, log_path, env=full_env)
-        super().__init__(started.name, started.proc, log_path, started.take_log())
+        log = started.take_log()
+        assert log is not None  # a tree just started holds its log
+        super().__init__(started.name, started.proc, log_path, log)
 
     def wait_http(self, url: str, timeout_s: float = 30.0, expect: int = 200) -> None:
         wait_http(self, url, timeout_s, expect)
