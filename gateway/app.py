@@ -25,6 +25,7 @@ from gateway.admin.fleet_api import build_fleet_router
 from gateway.admin.ui.live import attach_ui
 from gateway.admin.ui.routes import build_ui_admin_router, build_ui_router
 from gateway.config.settings import Settings, load_settings
+from gateway.epp.start import start_epp
 from gateway.errors import install_error_handlers
 from gateway.fleet.calibration_probe import start_calibration_probe
 from gateway.fleet.engine_check import check_engines
@@ -211,6 +212,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.health.check_all()  # serve with a candidate set from the start
             if probe is not None:  # the first probes price the fleet before it serves
                 await probe.settled()
+            await start_epp(state)  # the Endpoint Picker, when epp.port is set (gateway/epp/)
             state.spawn(state.health.run(), "health-checks")
             if state.prefetch.available:
                 state.spawn(tier_stats_poller(state), "tier-stats")

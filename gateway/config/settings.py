@@ -25,6 +25,7 @@ from contracts.settings_sources import check_env, sources
 from gateway.config.base import SettingError, StrictModel
 from gateway.config.collector import CollectorSettings
 from gateway.config.env_names import OTHER_NAMES, OTHER_PREFIXES
+from gateway.config.epp import EppSettings
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 from gateway.config.policy import validate_params
 from gateway.config.warm import PrioritySettings, WarmSettings
@@ -306,6 +307,7 @@ class Settings(BaseSettings):
     gc: CollectorSettings = Field(default_factory=CollectorSettings)  # `warmgate serve`'s
     warm: WarmSettings = Field(default_factory=WarmSettings)  # POST /v1/warm
     priority: PrioritySettings = Field(default_factory=PrioritySettings)  # classes, deadlines
+    epp: EppSettings = Field(default_factory=EppSettings)  # the Endpoint Picker (gateway/epp/)
     # Stream from the engine even for non-streaming clients (the answer is assembled): the
     # gateway then sees TTFT and can fail over until the last byte.
     stream_upstream: bool = True

@@ -18,7 +18,7 @@ same decision, the binding included. The `Decision` it returns is the handle the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gateway.config.settings import Settings, hint_keys
@@ -84,10 +84,16 @@ class RequestPipeline:
         self.precise = precise
         self.bindings = bindings
 
-    async def decide(self, parsed: ParsedRequest, *, dry_run: bool) -> Routed:
+    async def decide(
+        self, parsed: ParsedRequest, *, dry_run: bool, among: Collection[str] | None = None
+    ) -> Routed:
+        """`among`: the only instances that may be chosen (the subset a data plane offers
+        the endpoint picker, gateway/epp/), None for every healthy one."""
         if parsed.model not in self.health.known_models():
             raise model_not_found(parsed.model)
         candidates = self.health.candidates_for(parsed.model)
+        if among is not None:
+            candidates = [c for c in candidates if c in among]
         retry_after = self.settings.retry_after_s
         if not candidates:
             raise no_healthy_instance(parsed.model, retry_after)
