@@ -25,11 +25,12 @@ from gateway.errors import (
     OpenAIError,
     bad_gateway,
 )
-from gateway.pipeline.accounting import RequestAccounting
+from gateway.pipeline.decide import RequestPipeline, Routed
+from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.pipeline.parse import ParsedRequest, upstream_body
 from gateway.pipeline.priority import NONE, RequestPriority, admit
 from gateway.state import AppState
-from gateway.upstream.disconnect import Abandoned, ClientDisconnected, race_disconnect
+from gateway.upstream.disconnect import Abandoned, ClientDisconnected, RelayResponse
 from gateway.upstream.inflight import Attempt
 from gateway.upstream.relay import (
     AttemptConnectFailed,
@@ -112,33 +113,51 @@ async def proxy_completion(
     if priority.asks:  # shed background work, meet the deadline or answer at once
         routed = admit(routed, priority, state.inflight.count, state.settings.priority)
     trace.decided(routed, path)
-    rr, decision = routed.route, routed.decision
-    ex = RequestAccounting(state, parsed, rr, decision, started, request_id, trace)
+    life = RequestLifecycle(
+        state, request.receive, parsed, routed.route, routed.decision, started, request_id, trace
+    )
+    try:
+        response = await _attempts(state, pipeline, request, life, routed, path, priority)
+    except BaseException:
+        life.close()
+        raise
+    if not isinstance(response, RelayResponse):
+        life.close()  # a stream's own cleanup closes it when it ends
+    return response
+
+
+async def _attempts(
+    state: AppState,
+    pipeline: RequestPipeline,
+    request: Request,
+    life: RequestLifecycle,
+    routed: Routed,
+    path: str,
+    priority: RequestPriority,
+) -> Response:
+    """The decision's instance, then its fallbacks, until one answers."""
+    parsed = life.parsed
     pipeline.send_prefetch(routed)
     order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
     if parsed.stream and state.settings.continue_streams:
         body = ask_token_ids(parsed, body)  # what a continuation goes on from
-    headers = _request_headers(request, request_id, forward_auth=not state.access.any_keys)
+    headers = _request_headers(request, life.request_id, forward_auth=not state.access.any_keys)
     last: AttemptFailed | None = None
     request_faults = 0
-    state.metrics.in_flight.inc()
     for attempt, instance in enumerate(order):
         if attempt:
-            state.metrics.failovers.inc()
-            state.stats.failovers += 1
             log.info("failing over to %s after: %s", instance, last, extra={"instance": instance})
-        state.router.on_dispatch(rr, decision, instance)
-        trace.attempt(instance, attempt, headers)
+        life.dispatch(instance, attempt, headers)
         try:
             resume = None
             if parsed.stream and state.settings.continue_streams:
-                resume = _resumer(state, ex, path, headers, order[attempt + 1 :] or order)
+                resume = _resumer(state, life, path, headers, order[attempt + 1 :] or order)
             spec = state.health.spec(instance)
             sent = priority.engine_headers(headers, spec is not None and spec.priority_scheduling)
-            return await _attempt(state, request, ex, instance, path, body, sent, resume)
+            return await _attempt(state, life, instance, path, body, sent, resume)
         except AttemptFailed as failed:
-            ex.attempt_failed(instance, failed.kind, str(failed))
+            life.attempt_failed(instance, failed.kind, str(failed), failed.unhealthy)
             last = failed
             if _request_fault(failed):
                 request_faults += 1
@@ -149,12 +168,9 @@ async def proxy_completion(
                     )
                     break
         except ClientDisconnected:
-            ex.complete(instance, "cancelled", ok=False)
+            life.ended("cancelled", instance)
             return Response(status_code=499)
-        except BaseException:
-            ex.complete(instance, "cancelled", ok=False)
-            raise
-    ex.finish_failed()
+    # every attempt failed before a byte reached the client: the end is upstream_error
     assert last is not None
     if last.response is not None:
         status, content, upstream_headers = last.response
@@ -191,8 +207,7 @@ def _request_fault(failed: AttemptFailed) -> bool:
 
 async def _attempt(
     state: AppState,
-    request: Request,
-    ex: RequestAccounting,
+    life: RequestLifecycle,
     instance: str,
     path: str,
     body: bytes,
@@ -200,20 +215,17 @@ async def _attempt(
     resume: Resume | None = None,
 ) -> Response:
     target = target_of(state.health.instance_url(instance) + path)
-    attempt = state.inflight.begin(instance)
+    attempt = life.begin(instance)
     try:
-        return await _attempt_on(
-            state, request, ex, instance, target, body, headers, attempt, resume
-        )
+        return await _attempt_on(state, life, instance, target, body, headers, attempt, resume)
     finally:
         if not attempt.streaming:
-            state.inflight.end(attempt)  # a relayed stream ends it when it ends
+            life.end(attempt)  # a relayed stream ends it when it ends
 
 
 async def _attempt_on(
     state: AppState,
-    request: Request,
-    ex: RequestAccounting,
+    life: RequestLifecycle,
     instance: str,
     target: Target,
     body: bytes,
@@ -222,25 +234,27 @@ async def _attempt_on(
     resume: Resume | None,
 ) -> Response:
     # a streamed answer must start within first_byte_s; a whole one takes its generation
-    streamed = ex.parsed.stream or state.settings.stream_upstream
-    head_s = state.settings.timeouts.first_byte_s if streamed else None
+    streamed = life.parsed.stream or state.settings.stream_upstream
+    head_s = life.timeouts.first_byte_s if streamed else None
     post = state.upstream.post(target, headers, body, head_s)
     try:
-        resp = await race_disconnect(request, post, attempt.abandoned)
+        resp = await life.watch.guard(post, attempt.abandoned)
     except Abandoned as exc:
         raise AttemptHung(str(exc)) from None
     except UpstreamTimeout as exc:
-        if head_s is not None:  # accepted and never answered: a hung engine looks so
-            state.health.record_failure(instance, f"no response head within {head_s:g} s")
-        raise AttemptTimedOut(f"{instance}: {type(exc).__name__}: {exc}") from None
+        # accepted and never answered: a hung engine looks so
+        hung = f"no response head within {head_s:g} s" if head_s is not None else None
+        raise AttemptTimedOut(f"{instance}: {type(exc).__name__}: {exc}", unhealthy=hung) from None
     except UpstreamLocalError as exc:  # our descriptors, not the engine: keep it healthy
         raise AttemptLocalFailure(f"{instance}: {exc}") from None
     except TransportError as exc:
-        state.health.record_failure(instance, f"request failed: {type(exc).__name__}: {exc}")
-        raise AttemptConnectFailed(f"{instance}: {type(exc).__name__}: {exc}") from None
+        what = f"{type(exc).__name__}: {exc}"
+        raise AttemptConnectFailed(
+            f"{instance}: {what}", unhealthy=f"request failed: {what}"
+        ) from None
     if resp.status_code >= 400:
         try:
-            content = await race_disconnect(request, resp.aread())
+            content = await life.watch.guard(resp.aread())
         except TransportError:
             content = b""
         finally:
@@ -251,7 +265,7 @@ async def _attempt_on(
                 f"{instance} answered {resp.status_code}",
                 (resp.status_code, content, dict(resp.headers)),
             )
-        ex.complete(instance, "client_error", ok=False)
+        life.ended("client_error", instance)
         if not _openai_error_body(content):
             err = OpenAIError(
                 resp.status_code,
@@ -263,11 +277,11 @@ async def _attempt_on(
             content,
             status_code=resp.status_code,
             media_type="application/json",
-            headers=ex.routing_headers(instance),
+            headers=life.routing_headers(instance),
         )
     attempt.response = resp
-    if ex.parsed.stream:
-        return await stream(request, ex, instance, resp, attempt, resume)
+    if life.parsed.stream:
+        return await stream(life, instance, resp, attempt, resume)
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
-        return await assemble(request, ex, instance, resp)
-    return await whole(request, ex, instance, resp)
+        return await assemble(life, instance, resp)
+    return await whole(life, instance, resp)

@@ -18,15 +18,14 @@ from typing import Any
 
 import anyio
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import Request
 
 from contracts.errors import UpstreamError as WarmgateUpstreamError
 from gateway.errors import sse_error_event
 from gateway.json_codec import decode
-from gateway.pipeline.accounting import RequestAccounting
+from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.upstream.aggregate import StreamAggregator
 from gateway.upstream.continuation import SoFar, Stitcher, so_far
-from gateway.upstream.disconnect import Abandoned, RelayResponse, race_disconnect
+from gateway.upstream.disconnect import Abandoned, RelayResponse
 from gateway.upstream.inflight import Attempt
 from gateway.upstream.sse import SseRelay
 from gateway.upstream.token_ids import client_wants as client_wants_ids
@@ -55,10 +54,15 @@ class AttemptFailed(WarmgateUpstreamError):
     kind = "failed"
 
     def __init__(
-        self, message: str, response: tuple[int, bytes, dict[str, str]] | None = None
+        self,
+        message: str,
+        response: tuple[int, bytes, dict[str, str]] | None = None,
+        *,
+        unhealthy: str | None = None,
     ) -> None:
         super().__init__(message)
         self.response = response
+        self.unhealthy = unhealthy  # the engine's fault, as its health records it
 
 
 class AttemptHung(AttemptFailed):
@@ -105,30 +109,27 @@ async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
 
 
 def response_headers(
-    upstream: UpstreamResponse, ex: RequestAccounting, instance: str
+    upstream: UpstreamResponse, life: RequestLifecycle, instance: str
 ) -> dict[str, str]:
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
-    headers.update(ex.routing_headers(instance))
+    headers.update(life.routing_headers(instance))
     return headers
 
 
-async def assemble(
-    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
-) -> Response:
+async def assemble(life: RequestLifecycle, instance: str, resp: UpstreamResponse) -> Response:
     """A non-streaming client's answer, assembled from the engine's stream: nothing has
     been sent before the end, so any failure on the way can still fail over."""
-    aggregator = StreamAggregator(ex.parsed.kind)
+    aggregator = StreamAggregator(life.parsed.kind)
     relay = SseRelay(strip_usage=False, on_chunk=aggregator.add)
-
-    t = ex.state.settings.timeouts
+    t = life.timeouts
 
     async def consume() -> None:
         async for chunk in resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s):
-            ex.inspect(instance, relay, chunk)
+            life.inspect(instance, relay, chunk)
         relay.flush()
 
     try:
-        await race_disconnect(request, consume())
+        await life.watch.guard(consume())
     except TransportError as exc:
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
@@ -138,17 +139,17 @@ async def assemble(
         raise EngineErrorEvent(f"{instance}: {relay.error.get('message')}")
     if not relay.saw_done:
         raise StreamTruncated(f"{instance}: the stream ended before [DONE]")
-    ex.complete(instance, "ok", ok=True, usage=aggregator.usage)
-    ex.state.health.record_served(instance)
-    headers = {k: v for k, v in response_headers(resp, ex, instance).items() if k != "content-type"}
+    life.ended("ok", instance, aggregator.usage)
+    life.served(instance)
+    headers = {
+        k: v for k, v in response_headers(resp, life, instance).items() if k != "content-type"
+    }
     return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
 
 
-async def whole(
-    request: Request, ex: RequestAccounting, instance: str, resp: UpstreamResponse
-) -> Response:
+async def whole(life: RequestLifecycle, instance: str, resp: UpstreamResponse) -> Response:
     try:
-        content = await race_disconnect(request, resp.aread())
+        content = await life.watch.guard(resp.aread())
     except TransportError as exc:
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
     finally:
@@ -161,10 +162,10 @@ async def whole(
             usage = parsed_body["usage"]
     except ValueError:
         pass
-    ex.complete(instance, "ok", ok=True, usage=usage)
-    ex.state.health.record_served(instance)
+    life.ended("ok", instance, usage)
+    life.served(instance)
     return Response(
-        content, status_code=resp.status_code, headers=response_headers(resp, ex, instance)
+        content, status_code=resp.status_code, headers=response_headers(resp, life, instance)
     )
 
 
@@ -185,17 +186,16 @@ Resume = Callable[[SoFar], Awaitable[Resumed | None]]
 
 
 async def stream(
-    request: Request,
-    ex: RequestAccounting,
+    life: RequestLifecycle,
     instance: str,
     resp: UpstreamResponse,
     attempt: Attempt,
     resume: Resume | None = None,
 ) -> Response:
-    t = ex.state.settings.timeouts
+    t = life.timeouts
     it = resp.aiter_bytes(t.stall_s, first_s=t.first_byte_s)
     try:
-        first = await race_disconnect(request, _first_chunk(it), attempt.abandoned)
+        first = await life.watch.guard(_first_chunk(it), attempt.abandoned)
     except (TransportError, Abandoned) as exc:
         await resp.aclose()
         raise AttemptRead(f"{instance}: {type(exc).__name__}: {exc}") from None
@@ -207,23 +207,20 @@ async def stream(
         await resp.aclose()
         raise AttemptRead(f"{instance}: the stream ended before its first byte")
     attempt.streaming = True  # from here the relay owns it (and ends it)
-    run = _Relay(ex, instance, resp, it, attempt, resume)
+    run = _Relay(life, instance, resp, it, attempt, resume)
     body = run.frames(first)
 
     async def cleanup() -> None:
         await body.aclose()  # runs the relay's own `finally` if it had started
-        await run.close()
-        # no-op when the relay completed it; else the engine's own bytes decide the outcome
-        if run.relay.finished:
-            ex.complete(instance, "ok", ok=True, usage=run.relay.usage)
-        else:
-            ex.complete(instance, "cancelled", ok=False)
+        await run.close()  # if it had not
+        life.close()  # the stream's end, as the relay left it (never started: cancelled)
 
     return RelayResponse(
         body,
+        watch=life.watch,
         cleanup=cleanup,
         status_code=resp.status_code,
-        headers=response_headers(resp, ex, instance),
+        headers=response_headers(resp, life, instance),
         media_type="text/event-stream",
     )
 
@@ -234,25 +231,26 @@ class _Relay:
 
     def __init__(
         self,
-        ex: RequestAccounting,
+        life: RequestLifecycle,
         instance: str,
         resp: UpstreamResponse,
         it: AsyncIterator[bytes],
         attempt: Attempt,
         resume: Resume | None,
     ) -> None:
-        self.ex = ex
+        self.life = life
         self.first_instance = self.instance = instance
         self.resp, self.it, self.attempt = resp, it, attempt
         self.resume = resume
-        self.relay = SseRelay(strip_usage=not ex.parsed.client_wants_usage)
+        self.relay = SseRelay(strip_usage=not life.parsed.client_wants_usage)
         # the frames sent, token ids included: what a continuation goes on from
         self.sent: list[bytes] | None = [] if resume is not None else None
         # a continuable stream was asked for token ids (gateway.upstream.token_ids): the
         # client sees them only if it asked too
-        self.strip_ids = resume is not None and not client_wants_ids(ex.parsed)
+        self.strip_ids = resume is not None and not client_wants_ids(life.parsed)
         self.stitch: Stitcher | None = None
         self.continued_from: list[str] = []
+        self.closed = False  # the current engine response, closed
 
     def _out(self, pieces: list[bytes]) -> list[bytes]:
         if self.stitch is not None:
@@ -264,23 +262,30 @@ class _Relay:
         return pieces
 
     async def close(self) -> None:
+        """Close the engine's response and end its attempt (once; the cleanup calls it
+        again for a stream that never started)."""
+        if self.closed:
+            return
+        self.closed = True
         with anyio.CancelScope(shield=True):
             await self.resp.aclose()
-        self.ex.state.inflight.end(self.attempt)
+        self.life.end(self.attempt)
 
     async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
-        ex = self.ex
-        outcome, ok = "cancelled", False
+        life = self.life
+        outcome = "cancelled"
         try:
             pending = first
             while True:
                 failure, detail = None, ""
                 try:
                     # the events of one upstream read go out in one write to the client
-                    if out := b"".join(self._out(ex.inspect(self.instance, self.relay, pending))):
+                    if out := b"".join(self._out(life.inspect(self.instance, self.relay, pending))):
                         yield out
                     async for chunk in self.it:
-                        if out := b"".join(self._out(ex.inspect(self.instance, self.relay, chunk))):
+                        if out := b"".join(
+                            self._out(life.inspect(self.instance, self.relay, chunk))
+                        ):
                             yield out
                     tail = self._out([self.relay.flush()])
                     for piece in tail:
@@ -292,11 +297,11 @@ class _Relay:
                     failure, detail = "midstream", f"failed mid-stream ({type(exc).__name__})"
                 if failure is None:
                     break
-                ex.midstream_error(self.instance, failure)
-                sent = so_far(self.sent, ex.parsed.kind) if self.sent is not None else None
+                life.midstream_error(self.instance, failure)
+                sent = so_far(self.sent, life.parsed.kind) if self.sent is not None else None
                 if self.relay.saw_finish or (sent is not None and sent.finished):
                     yield DONE  # the answer was whole; only its end was lost
-                    outcome, ok = "ok", True
+                    outcome = "ok"
                     return
                 resumed = await self._continue(sent)
                 if resumed is None:
@@ -309,35 +314,34 @@ class _Relay:
                 pending = resumed.first
             if self.relay.error is not None:
                 outcome = "upstream_error"
-                ex.midstream_error(self.instance, "engine_error")
+                life.midstream_error(self.instance, "engine_error")
                 if not self.relay.saw_done:
                     yield DONE
             else:
-                outcome, ok = "ok", True
-                ex.state.health.record_served(self.instance)
+                outcome = "ok"
+                life.served(self.instance)
         finally:
             await self.close()
             if outcome == "cancelled" and self.relay.finished:
                 # The engine had sent everything ([DONE] or finish_reason) when the client
                 # left: a client that closes right after [DONE] got a complete answer.
-                outcome, ok = "ok", True
-            ex.complete(self.first_instance, outcome, ok=ok, usage=self.relay.usage)
+                outcome = "ok"
+            life.ended(outcome, self.first_instance, self.relay.usage)
 
     async def _continue(self, sent: SoFar | None) -> Resumed | None:
-        metrics = self.ex.state.metrics.continuations
+        life = self.life
         if self.resume is None:
             return None
         if sent is None:
-            metrics.labels("impossible").inc()
+            life.continuation("impossible")
             return None
         self.continued_from.append(self.instance)
         sent.continued_from = list(self.continued_from)
         resumed = await self.resume(sent)
         if resumed is None:
-            metrics.labels("failed").inc()
+            life.continuation("failed")
             return None
-        metrics.labels("continued").inc()
-        self.ex.state.metrics.continuation_modes.labels(resumed.mode).inc()
+        life.continuation("continued", resumed.mode)
         await self.close()
         log.info(
             "stream continued on %s after %s failed (%d tokens sent, by %s)",
@@ -353,8 +357,9 @@ class _Relay:
             resumed.it,
             resumed.attempt,
         )
-        self.relay = SseRelay(strip_usage=not self.ex.parsed.client_wants_usage)
+        self.closed = False
+        self.relay = SseRelay(strip_usage=not self.life.parsed.client_wants_usage)
         self.stitch = Stitcher(
-            sent, self.ex.parsed.kind, resumed.instance, resumed.mode, resumed.kind
+            sent, self.life.parsed.kind, resumed.instance, resumed.mode, resumed.kind
         )
         return resumed

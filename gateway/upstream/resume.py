@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from gateway.json_codec import encode
-from gateway.pipeline.accounting import RequestAccounting
+from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.state import AppState
 from gateway.upstream.continuation import Continuation, SoFar, continuations
 from gateway.upstream.relay import Resume, Resumed
@@ -19,15 +19,15 @@ log = logging.getLogger("warmgate.proxy")
 
 
 def resumer(
-    state: AppState, ex: RequestAccounting, path: str, headers: dict[str, str], order: list[str]
+    state: AppState, life: RequestLifecycle, path: str, headers: dict[str, str], order: list[str]
 ) -> Resume:
     tried: set[str] = set()
 
     async def resume(sent: SoFar) -> Resumed | None:
-        ways = continuations(ex.parsed, sent, path)
+        ways = continuations(life.parsed, sent, path)
         if not ways:
             return None
-        healthy = state.health.candidates_for(ex.parsed.model)
+        healthy = life.candidates()
         failed = set(sent.continued_from)
         todo = [i for i in dict.fromkeys([*order, *healthy]) if i in healthy]
         for instance in todo:
@@ -35,7 +35,7 @@ def resumer(
                 continue
             tried.add(instance)
             for way in ways:
-                resumed, refused = await _try(state, ex, instance, headers, way)
+                resumed, refused = await _try(state, life, instance, headers, way)
                 if resumed is not None:
                     return resumed
                 if not refused:
@@ -47,22 +47,21 @@ def resumer(
 
 async def _try(
     state: AppState,
-    ex: RequestAccounting,
+    life: RequestLifecycle,
     instance: str,
     headers: dict[str, str],
     way: Continuation,
 ) -> tuple[Resumed | None, bool]:
     """The continuation under way on `instance`, or None and whether the instance refused
     this way of asking (a 4xx other than 429), so another way may be tried there."""
-    t = state.settings.timeouts
-    inflight = state.inflight
-    attempt = inflight.begin(instance)
+    t = life.timeouts
+    attempt = life.begin(instance)
     target = target_of(state.health.instance_url(instance) + way.path)
-    raw = encode(way.body, ex.parsed.fast_json)
+    raw = encode(way.body, life.parsed.fast_json)
     try:
         resp = await state.upstream.post(target, headers, raw, t.first_byte_s)
     except TransportError as exc:
-        inflight.end(attempt)
+        life.end(attempt)
         log.info("continuation on %s failed: %s", instance, exc)
         return None, False
     attempt.response = resp
@@ -74,7 +73,7 @@ async def _try(
         first = b""
     if not first:
         await resp.aclose()
-        inflight.end(attempt)
+        life.end(attempt)
         refused = 400 <= status < 500 and status != 429
         if refused:
             log.info("continuation by %s refused by %s (%d)", way.mode, instance, status)
