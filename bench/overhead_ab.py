@@ -18,9 +18,11 @@ text chunk):
 `--peers smg` puts peers (bench.peers: smg, sglang-router, ...) in the same rounds, measured
 the same way (CPU of the peer's process, all its threads), for the added p50 against smg's.
 `--tree NAME=DIR` adds warmgate from another source tree (an earlier commit) as NAME, for a
-before/after in the same rounds. `--py-spy S` records the first warmgate with py-spy
-(`--native`, 250 samples/s) over S seconds of sequential requests after the rounds, written
-beside `--out` (`<out>-py-spy.txt`, collapsed stacks), the rounds' figures unaffected.
+before/after in the same rounds. `--floor` adds bench.proxy_floor, the Python edge alone
+(uvicorn and the h1pool relaying the body, nothing else). `--py-spy S` records the first
+warmgate with py-spy (`--native`, 250 samples/s) over S seconds of sequential requests after
+the rounds, written beside `--out` (`<out>-py-spy.txt`, collapsed stacks), the rounds'
+figures unaffected.
 
 The load generator, the gateways and the engine share the machine's cores; the rounds show
 how far the figures move between repeats, which is the noise any difference must beat.
@@ -91,6 +93,16 @@ async def start_warmgate(
     proc = await Proc.spawn(f"warmgate-{name}", args, workdir / f"gw-{name}.log", env)
     await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
     return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, {})
+
+
+async def start_floor(fleet: Fleet, workdir: Path) -> Gateway:
+    """bench.proxy_floor in front of `fleet`'s one engine: the Python edge alone."""
+    port = free_port()
+    args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port)]
+    args += ["--upstream", fleet.engines["e0"]]
+    proc = await Proc.spawn("floor", args, workdir / "floor.log", {})
+    await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=60)
+    return Gateway("floor", f"http://127.0.0.1:{port}/v1", proc, {})
 
 
 async def _cpu_per_request(
@@ -227,6 +239,8 @@ async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         for spec_ in (t for t in args.tree if t):
             name, _, tree = spec_.partition("=")
             gateways[name] = await start_warmgate(fleet, "h1pool", workdir, name=name, tree=tree)
+        if args.floor:
+            gateways["floor"] = await start_floor(fleet, workdir)
         for name in peers:
             missing = peer_missing(name)
             if missing:
@@ -304,6 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--py-spy", type=float, default=0.0, metavar="S",
         help="after the rounds, py-spy the first warmgate over S s of sequential requests",
+    )  # fmt: skip
+    p.add_argument(
+        "--floor", action="store_true",
+        help="also bench.proxy_floor (uvicorn + h1pool relaying the body, nothing else): "
+        "the Python edge's own cost, in the same rounds",
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="rounds over every transport")
     p.add_argument("--sequential", type=int, default=400, help="requests for CPU per request")

@@ -100,12 +100,12 @@ def test_overhead_runs_every_transport_and_writes_both_files(tmp_path: Path) -> 
     out = tmp_path / "overhead"
     args = [
         sys.executable, "-m", "gateway.cli", "bench", "overhead", "--repeats", "1",
-        "--sequential", "60", "--requests", "10", "--rate", "50", "--out", str(out),
+        "--sequential", "60", "--requests", "10", "--rate", "50", "--out", str(out), "--floor",
     ]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result["summary"]) == {"h1pool", "aiohttp", "httpx"}
+    assert set(result["summary"]) == {"h1pool", "aiohttp", "httpx", "floor"}
     for modes in result["rounds"][0].values():
         assert set(modes) == {"non-stream", "stream"}
         for figures in modes.values():
