@@ -73,17 +73,35 @@ def model_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "warmgate" / "models"
 
 
-def _complete(path: Path, seed: int) -> bool:
+def _complete(path: Path, seed: int, fmt: int = recipe.FORMAT) -> bool:
     try:
         manifest = json.loads((path / "warmgate-model.json").read_text())
     except (OSError, ValueError):
         return False
     return bool(
-        manifest.get("format") == recipe.FORMAT
+        manifest.get("format") == fmt
         and manifest.get("seed") == seed
         and (path / "model.safetensors").exists()
         and (path / "tokenizer.json").exists()
     )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _upgrade_format_1(path: Path) -> None:
+    """Format 1 -> 2 in place: Qwen2's tokenization rules into tokenizer.json (the engines
+    already tokenized by them under transformers 5, so running engines see no change), then
+    the manifest. Replaced file by file, so a reader sees the old file or the new one."""
+    tok = path / "tokenizer.json"
+    upgraded = recipe.qwen2_rules(json.loads(tok.read_text()))
+    _write_atomically(tok, json.dumps(upgraded, ensure_ascii=False))
+    manifest = json.loads((path / "warmgate-model.json").read_text())
+    manifest["format"] = recipe.FORMAT
+    _write_atomically(path / "warmgate-model.json", json.dumps(manifest, indent=2) + "\n")
 
 
 def ensure_tiny_model(
@@ -99,6 +117,9 @@ def ensure_tiny_model(
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until the build is in place
         if _complete(target, seed):
+            return target
+        if _complete(target, seed, fmt=1):
+            _upgrade_format_1(target)
             return target
         py = require_engine_python(python)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))

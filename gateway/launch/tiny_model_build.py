@@ -45,7 +45,30 @@ LAYERS = {
     "num_attention_heads": 12,
     "num_key_value_heads": 4,
 }
-FORMAT = 1  # bump when the recipe changes: a cached build of another format is rebuilt
+FORMAT = 2  # bump when the recipe changes: a cached build of another format is rebuilt
+# Format 2: tokenizer.json carries Qwen2's own normalizer and pre-tokenizer. transformers 5
+# builds a Qwen2 tokenizer with these whatever the file says (tokenization_qwen2.py), so the
+# engine split " 1" into " ", "1" while the gateway's local tokenizer, reading the file's
+# byte-level split, made one token of it: other tokens, other block hashes, prefetch hints
+# that named no block the engine had. With these in the file both read the same rules.
+# Format 1 builds are upgraded in place (`models.ensure_tiny_model`): same vocabulary.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_NORMALIZER: dict[str, object] = {"type": "NFC"}
+QWEN2_PRE_TOKENIZER: dict[str, object] = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {
+            "type": "Split",
+            "pattern": {"Regex": QWEN2_SPLIT},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+    ],
+}
 SPEC: dict[str, object] = {
     "architecture": "Qwen2ForCausalLM",
     **LAYERS,
@@ -134,6 +157,11 @@ def corpus(seed: int, chars: int = 1_500_000) -> list[str]:
     return lines
 
 
+def qwen2_rules(tokenizer_json: dict[str, object]) -> dict[str, object]:
+    """A tokenizer.json with Qwen2's normalizer and pre-tokenizer (the vocabulary kept)."""
+    return {**tokenizer_json, "normalizer": QWEN2_NORMALIZER, "pre_tokenizer": QWEN2_PRE_TOKENIZER}
+
+
 def build_tokenizer(seed: int, out: Path) -> dict[str, int]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -159,6 +187,8 @@ def build_tokenizer(seed: int, out: Path) -> dict[str, int]:
     )
     fast.chat_template = CHATML
     fast.save_pretrained(str(out))
+    path = out / "tokenizer.json"  # trained on the byte-level split; served with Qwen2's
+    path.write_text(json.dumps(qwen2_rules(json.loads(path.read_text())), ensure_ascii=False))
     ids: dict[str, int] = {}
     for s in SPECIALS:
         token_id = tok.token_to_id(s)

@@ -42,8 +42,11 @@ PAYLOADS: list[dict[str, Any]] = [
     _chat(("user", "Ünïcödé, 漢字, emoji 🗡️🛡️, ﬁ ligature, zero\u200bwidth")),
     _chat(("user", "a literal <|im_end|> and <|im_start|>user inside")),
     _chat(("user", "")),
+    # digits: Qwen2 splits each one off (and the space before it); format 1's file did not
+    _chat(("system", "World of zone 1."), ("user", "2024 arrows, 3.5 leagues, x10 or 12th?")),
     _chat(("system", PROSE), ("user", "no generation prompt"), generation=False),
     {"prompt": "Once upon a time"},
+    {"prompt": "Room 101, floor 7: 365 days"},
     {"prompt": " starts with a space and ends with one "},
     {"prompt": PROSE + " 🗡️ 漢字"},
 ]  # fmt: skip
