@@ -19,6 +19,25 @@ _DEFAULT_LEVELS: tuple[tuple[PriorityClass, int], ...] = (
 )
 
 
+class WorldSettings(StrictModel):
+    """World versions (gateway/pipeline/world_versions.py, world_replicate.py): a block first
+    seen under an established stem and reached by `min_sessions` sessions within `window_s`
+    is a zone's new world state; it is warmed on the zone's other instances and the version
+    it replaced is demoted first in their tierds. A request or warm with the `header`
+    (`zone:version` or `version`) announces a version: its first `version_messages` messages
+    (the world state of the game layout) are warmed at once on every instance serving the
+    model. `retry_s`: how long a replication keeps retrying warms deferred by load."""
+
+    enabled: bool = True
+    window_s: float = Field(default=10.0, gt=0)
+    min_sessions: int = Field(default=4, ge=2)
+    max_blocks: int = Field(default=1024, ge=1)
+    header: str = "x-warmgate-world-version"
+    version_messages: int = Field(default=1, ge=1)
+    retry_s: float = Field(default=10.0, ge=0)
+    demote_superseded: bool = True
+
+
 class WarmSettings(StrictModel):
     """A warm is the lowest-priority work there is: it runs on an instance only while that
     instance has fewer than `max_real_in_flight` real requests in flight (from this
@@ -37,6 +56,7 @@ class WarmSettings(StrictModel):
     engine_timeout_s: float = Field(default=30.0, gt=0)  # the one-token request's bound
     retry_after_s: int = Field(default=1, ge=1)
     priority: int = 20  # the vLLM priority of a warm (lower is earlier; below background)
+    world: WorldSettings = Field(default_factory=WorldSettings)
 
 
 class PrioritySettings(StrictModel):

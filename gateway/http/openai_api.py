@@ -48,6 +48,8 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = parse(body, session_header, raw, fast_json, limits)
         await enforce(state.limits, request, parsed)
+        if state.warmer is not None:  # world versions (gateway/pipeline/world_replicate.py)
+            state.warmer.note(parsed, request.headers)
         served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id, priority)
         return served if call is None else await answer(call, served)
     except OpenAIError as err:

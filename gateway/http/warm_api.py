@@ -57,6 +57,7 @@ async def warm_endpoint(request: Request) -> Response:
     if not state.access.any_keys:  # the client's key is the gateway's when it has keys
         forward = {n: v for n in _FORWARD if (v := request.headers.get(n)) is not None}
     forward["x-request-id"] = str(request.state.request_id)
+    state.warmer.note(parsed, request.headers)  # an announced world version, if any
     result = await state.warmer.warm(parsed, forward)
     return JSONResponse(result.to_dict())
 

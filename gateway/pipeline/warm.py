@@ -41,6 +41,7 @@ from gateway.pipeline.decide import RequestPipeline, Routed
 from gateway.pipeline.parse import ParsedRequest
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.priority import VLLM_PRIORITY_HEADER
+from gateway.pipeline.world_replicate import WorldReplicator
 from gateway.upstream.inflight import Inflight
 from router.router import Router
 
@@ -129,6 +130,18 @@ class Warmer:
         self._running: dict[str, set[_Running]] = {}  # engine warms
         self._restoring: Tally[str] = Tally()  # tierd restores
         inflight.on_begin.append(self._real_began)
+        # world versions (issue 22, item 4): new versions warmed on the zone's other instances
+        self.world: WorldReplicator | None = None
+        if self.config.world.enabled:
+            self.world = WorldReplicator(
+                settings, pipeline, health.candidates_for, prefetch.clients, self.warm_on, registry
+            )
+            router.dispatch_observers.append(self.world.dispatched)
+
+    def note(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
+        """A completion request or warm about to be routed (world versions' input)."""
+        if self.world is not None:
+            self.world.note(parsed, headers)
 
     # -- the warm ------------------------------------------------------------------------
 
@@ -154,6 +167,25 @@ class Warmer:
         prompt = _int(usage, "prompt_tokens", rr.prompt_tokens)
         details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
         cached = _int(details, "cached_tokens", 0)
+        return WarmResult(instance, prompt, cached, max(0, prompt - cached), "engine", _ms(started))
+
+    async def warm_on(self, parsed: ParsedRequest, instance: str) -> WarmResult:
+        """Warm `parsed` (no session: nobody is bound) on `instance`, whatever the policy
+        would choose: a world version's replication. The same admission as `warm`."""
+        started = time.monotonic()
+        rr = await self.pipeline.route_request(parsed, [instance])
+        decision = self.router.explain(rr, [instance])
+        held = decision.cached_tokens_by_tier.get("hbm", 0)
+        bt = rr.block_tokens
+        full = max(0, (rr.prompt_tokens - 1) // bt * bt) if bt > 0 else 0
+        if held >= full:
+            self._count("held", "ok")
+            return WarmResult(instance, rr.prompt_tokens, held, 0, "held", _ms(started))
+        routed = Routed(rr, decision, (instance,), instance, None, None, None)
+        answer = await self._compute(parsed, routed, {})
+        usage = _usage_details(answer)
+        prompt = _int(answer.get("usage"), "prompt_tokens", rr.prompt_tokens)
+        cached = _int(usage, "cached_tokens", 0)
         return WarmResult(instance, prompt, cached, max(0, prompt - cached), "engine", _ms(started))
 
     async def _restore(self, routed: Routed) -> int:
@@ -291,6 +323,7 @@ class Warmer:
         return {
             "total": sum(self.tally.values()),
             "by_source": by,
+            "world": self.world.stats() if self.world is not None else None,
             "in_flight": {
                 i: n for i in {*self._running, *self._restoring} if (n := self.in_flight(i))
             },
