@@ -23,6 +23,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,30 @@ BLOCK = 16  # the simulated engine's KV block
 _WORDS = ("ash", "oak", "elm", "fir", "yew", "ember", "forge", "anvil", "tongs", "rivet")
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the requests are sent to: the served model, its KV block, extra body fields
+    (real vLLM's random-weight model needs `ignore_eos`), and a salt put in every NPC prompt
+    so that rounds on the same engines do not hit each other's cache."""
+
+    model: str = MODEL
+    block: int = BLOCK
+    extra: dict[str, Any] = field(default_factory=dict)
+    salt: str = ""
+
+
 def npc_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
 async def first_line(
-    client: httpx.AsyncClient, messages: list[dict[str, str]], user: str
+    client: httpx.AsyncClient, messages: list[dict[str, str]], user: str, target: Target
 ) -> tuple[float | None, int | None, str | None]:
     """(TTFT s to the first content chunk, cached tokens reported, the instance) of one
     streamed line."""
     body = {
-        "model": MODEL,
+        **target.extra,
+        "model": target.model,
         "messages": messages,
         "user": user,
         "max_tokens": 8,
@@ -81,17 +95,19 @@ async def dialogue(
     prompt: str,
     t0: float,
     out: dict[str, list[Any]],
-    warms: bool = True,
+    warms: bool,
+    target: Target,
 ) -> None:
     """Dialogue i: (when warmed) the NPC's context warmed `lead_s` before the player's first
     line, which is that context plus the line."""
     user = f"player-{i}"
-    context = [{"role": "system", "content": prompt}]
+    context = [{"role": "system", "content": target.salt + prompt}]
     warmed = i % 2 == 0  # its arm (with --no-warms the even ones are not warmed either)
     warm: dict[str, Any] | None = None
     if warmed and warms:
         await asyncio.sleep(max(0.0, t0 + at_s - lead_s - time.monotonic()))
-        r = await client.post("/v1/warm", json={"model": MODEL, "messages": context, "user": user})
+        body = {"model": target.model, "messages": context, "user": user}
+        r = await client.post("/v1/warm", json=body)
         if r.status_code == 200:
             warm = r.json()
             out["warms"].append(warm)
@@ -99,7 +115,7 @@ async def dialogue(
             out["warm_refused"].append(r.status_code)
     await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
     line = [*context, {"role": "user", "content": "Hello! Have you any work for me?"}]
-    ttft, cached, instance = await first_line(client, line, user)
+    ttft, cached, instance = await first_line(client, line, user, target)
     arm = "warm" if warmed else "cold"
     if ttft is None:
         out[f"{arm}_failed"].append(i)
@@ -115,14 +131,16 @@ async def dialogue(
         }
     )
     if warm is not None and cached is not None:
-        full = (warm["prompt_tokens"] - 1) // BLOCK * BLOCK
+        full = (warm["prompt_tokens"] - 1) // target.block * target.block
         if full:
             out["cached_ratio"].append(cached / full)
             if cached < full // 2:
                 out["uncached"].append({"i": i, "line_instance": instance, "warm": warm})
 
 
-async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
+async def run(args: argparse.Namespace, base: str, target: Target | None = None) -> dict[str, Any]:
+    """One round of the schedule against the gateway at `base` (warms unless --no-warms)."""
+    target = target or Target()
     rng = random.Random(args.seed)
     at = 0.0
     plan = []
@@ -146,7 +164,7 @@ async def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
         t0 = time.monotonic()
         await asyncio.gather(
             *(
-                dialogue(client, i, a, args.lead_s, p, t0, out, not args.no_warms)
+                dialogue(client, i, a, args.lead_s, p, t0, out, not args.no_warms, target)
                 for i, a, p in plan
             )
         )
