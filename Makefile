@@ -11,6 +11,10 @@ $(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SRC)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[dev]'
+	# xds-protos (the epp extra) ships an older copy of opentelemetry-proto's modules and
+	# overwrites them, which breaks the OTLP exporter (the otel extra): put the real ones back.
+	$(PY) -m pip install -q --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $@
 
 up: $(VENV)/.installed
