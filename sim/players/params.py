@@ -55,6 +55,13 @@ class GameParams:
     raid_window_s: float = 5.0  # every raid session starts within this window
     raid_turns: tuple[int, int] = (5, 8)  # turns of a raid dialogue
     raid_think_factor: float = 1.0  # combat chatter: think times shortened by this factor
+    # -- what a game server tells the gateway (issue 22; all off by default, so older
+    # traces and figures stay reproducible) --------------------------------------------
+    warm_lead_s: float = 0.0  # > 0: each dialogue's first line is warmed this long before
+    # (the player walks up to the NPC or logs in: POST /v1/warm of the context)
+    bump_at_s: tuple[float, ...] = ()  # every zone gets a new world version at these times
+    bark_rate_per_s: float = 0.0  # ambient barks: one-off NPC lines nobody waits for
+    priority_classes: bool = False  # dialogue lines interactive, barks background
 
     def __post_init__(self) -> None:
         if self.players <= 0 or self.minutes <= 0:
@@ -63,6 +70,10 @@ class GameParams:
             raise WorkloadParamsError("zones and npcs_per_zone must be positive")
         if self.raid_npcs > self.npcs_per_zone:
             raise WorkloadParamsError("raid_npcs cannot exceed npcs_per_zone")
+        if self.warm_lead_s < 0 or self.bark_rate_per_s < 0:
+            raise WorkloadParamsError("warm_lead_s and bark_rate_per_s must be >= 0")
+        if any(t < 0 for t in self.bump_at_s):
+            raise WorkloadParamsError("bump_at_s times must be >= 0")
         for name in (
             "world_tokens",
             "persona_tokens",

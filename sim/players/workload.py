@@ -50,6 +50,8 @@ class GameRequest:
     output_tokens: int  # the NPC's reply length (max_tokens for a replay)
     session: str  # `user` / prompt_cache_key: one player's dialogue with one NPC
     tag: str  # zone/npc/player and "raid" when it is a raid session
+    warm_lead_s: float | None = None  # warm the context (all but the last line) this early
+    priority: str | None = None  # a priority class (interactive, background)
 
 
 @dataclass(slots=True)
@@ -89,6 +91,7 @@ class _Session:
     npc: int  # global npc index
     turns_left: int
     raid: bool
+    first: bool = True  # its next turn is the dialogue's first line
 
 
 def _tokens(text: str) -> int:
@@ -110,6 +113,9 @@ class GameWorkload:
         self.players: list[_Player] = []
         self.memories: dict[tuple[int, int], _Memory] = {}
         self.requests: list[GameRequest] = []
+        # barks draw from their own generators: the dialogues are the same with or without
+        self._bark_rng = random.Random(params.seed * 104_729 + 3)
+        self._bark_text = TextSource(params.seed * 7919 + 2)
 
     # -- setup --------------------------------------------------------------------------
 
@@ -152,6 +158,10 @@ class GameWorkload:
             self.players.append(player)
             self._push(rng.uniform(0.0, p.start_spread_s), "idle_end", i)
         self._push(rng.uniform(*p.raid_first_s), "raid", None)
+        for at in p.bump_at_s:
+            self._push(at, "bump", None)
+        if p.bark_rate_per_s > 0:
+            self._push(self._bark_rng.expovariate(p.bark_rate_per_s), "bark", None)
 
     def _player_state(self, i: int) -> str:
         return self.text.prose(
@@ -238,7 +248,12 @@ class GameWorkload:
         ]
         session = f"player-{s.player}:{npc.key}"
         tag = f"zone-{npc.zone}/{npc.key}/player-{s.player}" + ("/raid" if s.raid else "")
-        self.requests.append(GameRequest(t, tuple(messages), reply_tokens, session, tag))
+        lead = p.warm_lead_s if s.first and p.warm_lead_s > 0 else None
+        s.first = False
+        priority = "interactive" if p.priority_classes else None
+        self.requests.append(
+            GameRequest(t, tuple(messages), reply_tokens, session, tag, lead, priority)
+        )
         self._remember(mem, line, self.text.prose(reply_tokens))
         s.turns_left -= 1
         after = t + reply_tokens * p.reply_s_per_token + self._think(s.raid)
@@ -263,6 +278,23 @@ class GameWorkload:
                 self._push(start, "turn", _Session(i, npc, self._range(p.raid_turns), raid=True))
         self._push(t + rng.expovariate(1.0 / p.raid_every_mean_s), "raid", None)
 
+    def _bark(self, t: float) -> None:
+        """An NPC's ambient line (no player, no session): background work."""
+        rng = self._bark_rng
+        npc = self.npcs[rng.randrange(len(self.npcs))]
+        zone = self.zones[npc.zone]
+        line = self._bark_text.prose(rng.randint(5, 15), prefix="(ambient)")
+        messages = (
+            {"role": "system", "content": zone.world},
+            {"role": "system", "content": npc.persona},
+            {"role": "user", "content": line},
+        )
+        priority = "background" if self.p.priority_classes else None
+        tokens = rng.randint(*self.p.reply_tokens)
+        tag = f"zone-{npc.zone}/{npc.key}/bark"
+        self.requests.append(GameRequest(t, messages, tokens, "", tag, None, priority))
+        self._push(t + rng.expovariate(self.p.bark_rate_per_s), "bark", None)
+
     def generate(self) -> list[GameRequest]:
         """Every request with an arrival before the horizon, in arrival order."""
         if self.requests:
@@ -284,6 +316,11 @@ class GameWorkload:
                 )
             elif kind == "raid":
                 self._raid(t)
+            elif kind == "bump":  # a world event: every zone's state changes at once
+                for zone in self.zones:
+                    self._new_version(zone)
+            elif kind == "bark":
+                self._bark(t)
         return self.requests
 
 

@@ -3,17 +3,20 @@ growing contexts, raids, determinism, and a sidecar whose text gives back the ha
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from router.blocks import render_chat
 from sim.players.cli import main as trace_game_main
 from sim.players.encode import ChainIds, iter_sidecar, to_trace, write_sidecar
-from sim.players.params import GameParams
+from sim.players.params import GameParams, WorkloadParamsError
 from sim.players.workload import GameRequest, generate
 from sim.traces import load_mooncake
 
@@ -139,3 +142,79 @@ def test_params_are_checked() -> None:
         GameParams(turns=(10, 5))
     with pytest.raises(ValueError):
         GameParams(raid_npcs=99)
+
+
+# -- what a game server tells the gateway (issue 22, item 5) ---------------------------
+
+# sha256 of PARAMS' requests as the code before warm leads, bumps and barks generated them
+BEFORE_ISSUE_22 = "f1a2f70689ad78b3e398f0ab18466127e322ecb3e35c44cd819e6757deaa7937"
+
+
+def _fingerprint(requests: list[GameRequest]) -> str:
+    rows = [[r.at_s, list(r.messages), r.output_tokens, r.session, r.tag] for r in requests]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def test_new_params_off_leave_the_workload_as_before(requests: list[GameRequest]) -> None:
+    assert _fingerprint(requests) == BEFORE_ISSUE_22
+    assert all(r.warm_lead_s is None and r.priority is None for r in requests)
+
+
+def test_warm_lead_marks_only_each_dialogues_first_line(requests: list[GameRequest]) -> None:
+    warmed = generate(dataclasses.replace(PARAMS, warm_lead_s=3.0))
+    assert _fingerprint(warmed) == BEFORE_ISSUE_22  # the lead changes no prompt
+    marked = {i for i, r in enumerate(warmed) if r.warm_lead_s is not None}
+    assert {warmed[i].warm_lead_s for i in marked} == {3.0}
+    firsts, continued = _firsts_and_continued(warmed)
+    assert firsts <= marked  # every session's first line is warmed
+    # later lines are not: a dialogue is several turns (a returning dialogue with the same
+    # NPC extends its memory, so "extends the previous prompt" cannot tell them apart)
+    assert len(continued - marked) > 2 * len(marked)
+
+
+def _firsts_and_continued(requests: list[GameRequest]) -> tuple[set[int], set[int]]:
+    """Each session's first line; lines that extend the session's previous prompt."""
+    last: dict[str, GameRequest] = {}
+    firsts, continued = set(), set()
+    for i, r in enumerate(requests):
+        prev = last.get(r.session)
+        if prev is None:
+            firsts.add(i)
+        elif r.messages[: len(prev.messages)] == prev.messages:
+            continued.add(i)
+        last[r.session] = r
+    return firsts, continued
+
+
+def test_a_bump_gives_every_zone_a_new_world_at_that_time() -> None:
+    bumped = generate(dataclasses.replace(PARAMS, bump_at_s=(100.0,)))
+    before = {r.messages[0]["content"] for r in bumped if r.at_s < 100.0}
+    after = [r for r in bumped if r.at_s >= 100.0]
+    assert after
+    # a world text first used after the bump is no text from before it
+    zones_after = {r.tag.split("/")[0] for r in after}
+    new_worlds = {r.tag.split("/")[0] for r in after if r.messages[0]["content"] not in before}
+    assert new_worlds == zones_after
+    assert all(r.messages[0]["content"] not in before for r in after)
+
+
+def test_barks_are_background_lines_beside_unchanged_dialogues(
+    requests: list[GameRequest],
+) -> None:
+    barking = generate(dataclasses.replace(PARAMS, bark_rate_per_s=0.5, priority_classes=True))
+    barks = [r for r in barking if r.tag.endswith("/bark")]
+    lines = [r for r in barking if not r.tag.endswith("/bark")]
+    assert len(barks) > 50
+    assert all(r.session == "" and r.priority == "background" for r in barks)
+    assert all(r.priority == "interactive" for r in lines)
+    assert _fingerprint(lines) == BEFORE_ISSUE_22  # own RNG: the dialogues are the same
+    plain = generate(dataclasses.replace(PARAMS, bark_rate_per_s=0.5))
+    assert all(r.priority is None for r in plain)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"warm_lead_s": -1.0}, {"bark_rate_per_s": -0.1}, {"bump_at_s": (-5.0,)}]
+)
+def test_bad_issue_22_params_raise(bad: dict[str, Any]) -> None:
+    with pytest.raises(WorkloadParamsError):
+        GameParams(**bad)
