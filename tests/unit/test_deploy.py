@@ -31,6 +31,10 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose"
 BASE = DEPLOY / "k8s" / "base"
 VLLM = DEPLOY / "k8s" / "overlays" / "vllm"
+EPP = DEPLOY / "k8s" / "overlays" / "epp"
+# the kinds of the Gateway API and its Inference Extension: CRDs, whose schemas
+# kubernetes-validate does not ship; test_endpoint_picker_pieces_agree checks them
+CRD_KINDS = {"InferencePool", "HTTPRoute"}
 K8S_VERSION = "1.31"
 GATEWAY_CONFIGS = [
     DEPLOY / "gateway.example.yaml",
@@ -128,7 +132,7 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_every_warmgate_environment_variable_is_a_setting() -> None:
     names = {n for n in _compose_env_names() if n.startswith("WARMGATE_")}
-    for doc in [*_k8s_docs(), load(VLLM / "engine-vllm.yaml")]:
+    for doc in [*_k8s_docs(), load(VLLM / "engine-vllm.yaml"), *render(EPP)]:
         for c in _containers(doc):
             names |= {e["name"] for e in c.get("env", []) if e["name"].startswith("WARMGATE_")}
     names |= set(re.findall(r"(WARMGATE_[A-Z_]+)=", (DEPLOY / "Dockerfile").read_text()))
@@ -312,7 +316,7 @@ def render(overlay: Path | None) -> list[dict[str, Any]]:
         docs += [
             d for r in okust["resources"] if not r.startswith("..") for d in load_all(overlay / r)
         ]
-        for p in okust["patches"]:
+        for p in okust.get("patches", []):
             patch = load(overlay / p["path"])
             for k, d in enumerate(docs):
                 if (d["kind"], d["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"]):
@@ -328,7 +332,7 @@ def render(overlay: Path | None) -> list[dict[str, Any]]:
     return docs
 
 
-@pytest.mark.parametrize("overlay", [None, VLLM], ids=["base", "vllm"])
+@pytest.mark.parametrize("overlay", [None, VLLM, EPP], ids=["base", "vllm", "epp"])
 def test_kubernetes_resources_validate_against_the_schemas(overlay: Path | None) -> None:
     import kubernetes_validate
 
@@ -336,11 +340,14 @@ def test_kubernetes_resources_validate_against_the_schemas(overlay: Path | None)
     kinds = sorted(d["kind"] for d in docs)
     expected = ["ConfigMap", "Deployment", "Deployment", "Namespace", "PersistentVolumeClaim"]
     expected += ["PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet"]
-    if overlay is not None:
+    if overlay == VLLM:
         expected.append("PersistentVolumeClaim")
+    if overlay == EPP:
+        expected += ["Deployment", "Service", "InferencePool", "HTTPRoute"]
     assert kinds == sorted(expected)
     for d in docs:
-        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        if d["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
 
 
 def test_kubernetes_pieces_agree() -> None:
@@ -390,3 +397,55 @@ def test_kubernetes_pieces_agree() -> None:
     for c in containers.values():  # engine and tierd share the pod's KV socket
         assert {"name": "kvsock", "mountPath": "/run/warmgate"} in c["volumeMounts"]
     assert any(m["name"] == "array" for m in tierd["volumeMounts"])
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def test_endpoint_picker_pieces_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The InferencePool selects the engine pods on their OpenAI port and names the picker's
+    Service, whose port reaches the picker container's gRPC port, which is the epp.port
+    the gateway's settings give it; the HTTPRoute sends to the pool."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(EPP)}
+    pool = docs["InferencePool", "warmgate-engines"]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    assert set(spec) <= {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+    sts = docs["StatefulSet", "warmgate-engine"]
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    engine = {c["name"]: c for c in _containers(sts)}["engine"]
+    http = {p["name"]: p["containerPort"] for p in engine["ports"]}["http"]
+    assert [p["number"] for p in spec["targetPorts"]] == [http]
+    ref = spec["endpointPickerRef"]
+    assert set(ref) <= {"group", "kind", "name", "port", "failureMode"}
+    assert ref.get("kind", "Service") == "Service" and ref.get("group", "") == ""
+    assert ref["failureMode"] in {"FailOpen", "FailClose"}
+    svc = docs["Service", ref["name"]]
+    (svc_port,) = [p for p in svc["spec"]["ports"] if p["port"] == ref["port"]["number"]]
+    assert svc_port["appProtocol"] == "kubernetes.io/h2c"  # ext_proc is gRPC
+    epp = docs["Deployment", "warmgate-epp"]
+    assert svc["spec"]["selector"] == epp["spec"]["selector"]["matchLabels"]
+    assert epp["spec"]["template"]["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
+    (c,) = _containers(epp)
+    grpc_port = {p["name"]: p["containerPort"] for p in c["ports"]}[svc_port["targetPort"]]
+    for probe in (c["readinessProbe"], c["livenessProbe"]):
+        assert probe["grpc"]["port"] == grpc_port
+    gw = docs["Deployment", "warmgate-gateway"]
+    assert c["image"] == _containers(gw)[0]["image"] and c["args"] == _containers(gw)[0]["args"]
+    # the picker's settings: the base's ConfigMap plus its environment, as the gateway reads them
+    for name in list(os.environ):
+        if name.startswith("WARMGATE_"):
+            monkeypatch.delenv(name)
+    for name, value in _env(c).items():
+        monkeypatch.setenv(name, value)
+    config = yaml.safe_load(docs["ConfigMap", "warmgate-gateway"]["data"]["gateway.yaml"])
+    settings = Settings(**config)
+    assert settings.epp.port == grpc_port
+    assert {urlparse(i.url).port for i in settings.instances} == {http}
+    route = docs["HTTPRoute", "warmgate"]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    backends = [b for r in route["spec"]["rules"] for b in r["backendRefs"]]
+    pool_ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool"}
+    assert backends == [pool_ref | {"name": pool["metadata"]["name"]}]
