@@ -26,7 +26,7 @@ from tests.support.vllm_fleets import FleetSlot
 from tierd.slices import HEADER_BYTES
 from tierd.tiers.l2_array import ArrayDir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("tierd-connector")]
 BLOCK = 128  # vLLM's CPU default
 MODEL = "warmgate-tiny"
 
@@ -267,8 +267,10 @@ def test_the_gateway_hints_the_next_engine_in_engine_hashes_and_the_prefetch_is_
         assert second.status_code == 200, second.text
         assert second.headers["x-warmgate-instance"] == here.engine.id
         usage = second.json()["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] == full
         after = here.tierd.stats()["prefetch"]
+        # once (full suite, 1 of 1354) 0 cached: the connector's counters name the cause
+        why = {"connector": here.stats(), "prefetch": (before, after)}
+        assert usage["prompt_tokens_details"]["cached_tokens"] == full, why
         assert after["requests"] == before["requests"] + 1
         brought = sum(after.get(k, 0) - before.get(k, 0) for k in ("on_time", "hit"))
         assert brought == full // BLOCK, (before, after)  # every block of the hint, in time

@@ -15,7 +15,7 @@ from gateway.launch.vllm_fleet import VllmFleet
 from tests.integration.test_vllm_precise import SERVED_MODEL, chat, client, prose
 from tests.support.vllm import VllmFleets, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 
 
 @pytest.fixture(scope="module")

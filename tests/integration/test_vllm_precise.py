@@ -23,7 +23,7 @@ from router.precise import VllmBlockHasher
 from sim.players.text import TextSource
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 
 
 def prose(tag: str, tokens: int, seed: int = 0) -> str:

@@ -17,7 +17,7 @@ from gateway.launch.vllm_fleet import VllmFleet
 from tests.e2e.fleet import wait_until
 from tests.support.vllm import SERVED_MODEL, VllmFleets, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm-priority")]
 _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 

@@ -14,7 +14,7 @@ from gateway.launch.vllm_fleet import VllmFleet
 from tests.integration.test_vllm_precise import SERVED_MODEL, chat, client, prose
 from tests.support.vllm import Gateway, VllmFleets, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from gateway.pipeline.hf_tokenizer import HfChatTokenizer
 from sim.players.text import TextSource
 from tests.support.vllm import SERVED_MODEL, VllmFleets, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 
 PROSE = TextSource(3).prose(300)
 

@@ -19,7 +19,7 @@ from gateway.launch.vllm_fleet import VllmFleet
 from tests.support.procs import free_port
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_config, gateway_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 FAIL_AFTER_S = 4.0
 
 

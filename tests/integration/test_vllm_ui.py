@@ -23,7 +23,7 @@ from sim.players.text import TextSource
 from tests.support.procs import free_port
 from tests.support.vllm import SERVED_MODEL, Gateway, VllmFleets, gateway_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet("vllm")]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
