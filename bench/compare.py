@@ -36,9 +36,17 @@ from typing import Any
 
 from bench import compare_args, compare_repeats, plots
 from bench.claims import run_claims
+from bench.compare_args import game_server
 from bench.engine_metrics import MetricsPoller
+from bench.game_figures import game_figures, game_markdown
 from bench.overhead import measure_overhead
-from bench.peers import WARMGATE_POLICIES, FleetSpec, fleet_with_gateway, peer_missing
+from bench.peers import (
+    GAME_SERVER_RUNS,
+    WARMGATE_POLICIES,
+    FleetSpec,
+    fleet_with_gateway,
+    peer_missing,
+)
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
@@ -56,7 +64,7 @@ def _log(msg: str) -> None:
 
 def _workload(args: argparse.Namespace) -> tuple[list[ReplayItem], str]:
     if args.workload == "game":
-        items = game_items(args.players, args.minutes, args.seed, args.scale)
+        items = game_items(args.players, args.minutes, args.seed, args.scale, **game_server(args))
         return items, "game" if args.scale == "default" else f"game-{args.scale}"
     if args.workload.startswith("trace:"):
         path = Path(args.workload[6:])
@@ -104,11 +112,12 @@ async def run_gateway(
         sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
         cpu0 = await asyncio.to_thread(_cpu_times)
         t0 = time.perf_counter()
+        hints = name in GAME_SERVER_RUNS  # the game server's warms and priority classes
         records = await replay(
             gw.base_url, items, model=fleet.model, compress=args.compress,
             concurrency=args.concurrency, instance_by_url=gw.instance_by_url,
             api_key=gw.api_key, progress_label=name,
-            body_extra=VLLM_BODY_EXTRA if real else None,
+            body_extra=VLLM_BODY_EXTRA if real else None, warms=hints, send_priority=hints,
         )  # fmt: skip
         duration = time.perf_counter() - t0
         cpu1 = await asyncio.to_thread(_cpu_times)
@@ -118,6 +127,11 @@ async def run_gateway(
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
+    block = (spec.block_size or 128) if isinstance(spec, RealFleetSpec) else spec.block_tokens
+    summary["game"] = game_figures(
+        items, records, block_tokens=block, time_scale=time_scale, compress=args.compress,
+        bump_at_s=game_server(args).get("bump_at_s", ()),
+    )  # fmt: skip
     summary.update(tiers)
     # the machine's 1-minute load average during the replay: on a shared machine other
     # work competes for the engines' cores, and differently in each gateway's run
@@ -443,6 +457,12 @@ def merge(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     return results
 
 
+def _game_tables(results: dict[str, Any]) -> str:
+    """The game server's figures of each repeat (bench.game_figures), after the report."""
+    tables = [game_markdown(rows) for rows in results.get("repeat_rows") or ()]
+    return "".join(f"\n{t}" for t in tables if t)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
@@ -451,9 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = merge(args, args_list) if args.merge else asyncio.run(run(args, args_list))
     out_dir = Path(results["results_dir"])
     _dump(out_dir / "results.json", results)
-    (out_dir / "report.md").write_text(render_markdown(results))
+    markdown = render_markdown(results) + _game_tables(results)
+    (out_dir / "report.md").write_text(markdown)
     if args.json_out:
         _dump(Path(args.json_out), results)
-    print(render_markdown(results).split("## Gateway overhead")[0])
+    print(render_markdown(results).split("## Gateway overhead")[0] + _game_tables(results))
     print(f"artefacts: {out_dir}")
     return 0

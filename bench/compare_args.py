@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from bench.compare_repeats import DEFAULT_LOAD_MARGIN
 from bench.peers import REPO
@@ -25,6 +26,17 @@ SIM_DEFAULTS = {
     "players": 60, "minutes": 3.0, "instances": 3, "seed": 7, "scale": "default",
     "peers": "smg,litellm",
 }  # fmt: skip
+
+
+def seconds_list(text: str) -> tuple[float, ...]:
+    """`--bump-at-s 40,80`: times in seconds, each >= 0."""
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not seconds separated by commas: {text!r}") from None
+    if any(t < 0 for t in out):
+        raise argparse.ArgumentTypeError(f"a time before the start: {text!r}")
+    return out
 
 
 def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.Namespace:
@@ -70,6 +82,23 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         "--merge", default=None, metavar="DIR,DIR,...",
         help="run nothing: join these results directories (each a results.json of the same "
         "comparison) as repeats, into bench/results/<date>-<name>/",
+    )  # fmt: skip
+    p.add_argument(
+        "--warm-lead-s", type=float, default=0.0,
+        help="game: warm each dialogue's first line this long before it (the -game runs "
+        "send the warm: --gateways warmgate-ttft,warmgate-ttft-game); 0: none",
+    )  # fmt: skip
+    p.add_argument(
+        "--bump-at-s", type=seconds_list, default=(), metavar="T,T,...",
+        help="game: every zone's world state changes at these seconds (a new version)",
+    )  # fmt: skip
+    p.add_argument(
+        "--barks", type=float, default=0.0, metavar="PER_S",
+        help="game: ambient NPC barks per second (one-off lines, background class)",
+    )  # fmt: skip
+    p.add_argument(
+        "--priority-classes", action="store_true",
+        help="game: dialogue lines interactive, barks background (the -game runs send them)",
     )  # fmt: skip
     p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
     p.add_argument(
@@ -129,3 +158,17 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
     if args.engines == "vllm":
         args.time_scale, args.no_claims, args.no_overhead = 1.0, True, True
     return args
+
+
+def game_server(args: argparse.Namespace) -> dict[str, Any]:
+    """The game server's hints the flags ask for, as GameParams fields (none: {})."""
+    out: dict[str, Any] = {}
+    if args.warm_lead_s:
+        out["warm_lead_s"] = args.warm_lead_s
+    if args.bump_at_s:
+        out["bump_at_s"] = args.bump_at_s
+    if args.barks:
+        out["bark_rate_per_s"] = args.barks
+    if args.priority_classes:
+        out["priority_classes"] = True
+    return out

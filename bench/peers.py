@@ -5,6 +5,7 @@ A `Fleet` is N simulated engines (`python -m sim.engine`), each with its own tie
 the same seed, so every gateway meets identical engines. A gateway is one of:
 
 - `warmgate-ttft`, `warmgate-prefix`, `round-robin`: `warmgate serve` with that policy
+  (`warmgate-ttft-game`: ttft, its replay sending the game server's warms and classes)
   (`ttft`, `prefix`, `round_robin`), configured through a YAML file (`WARMGATE_CONFIG`);
 - `smg`: the SGLang model gateway 1.13, `smg launch --policy cache_aware` (PROTOCOLS §3);
   `smg-prefix-hash`: the same with `--policy prefix_hash`;
@@ -53,7 +54,13 @@ WARMGATE_POLICIES = {
     "warmgate-ttft-bare": "ttft",  # with --tiers: warmgate ttft on engines without tierd
     # real engines: warmgate ttft tokenizing through the engines' /tokenize, not locally
     "warmgate-ttft-tokenize": "ttft",
+    # warmgate ttft with the game server's hints sent (GAME_SERVER_RUNS): beside
+    # warmgate-ttft in one comparison, the hints' effect on the same lines
+    "warmgate-ttft-game": "ttft",
 }
+# the runs whose replay sends what a game server knows ahead: POST /v1/warm before each
+# dialogue's first line, each line's priority class (bench.replay's warms, send_priority)
+GAME_SERVER_RUNS = frozenset({"warmgate-ttft-game"})
 PEER_BINARIES = {
     "smg": PEERS_VENV / "bin" / "smg",
     "smg-prefix-hash": PEERS_VENV / "bin" / "smg",

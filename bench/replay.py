@@ -57,6 +57,10 @@ class ReplayItem:
     max_tokens: int
     session: str | None = None
     tag: str = ""  # free-form origin (trace line, zone/player) for reports
+    # a game server's hints (sim.players): warm the context (every message but the last)
+    # this many seconds before the request arrives; the request's priority class
+    warm_lead_s: float | None = None
+    priority: str | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +83,9 @@ class RequestRecord:
     predicted_cached_tokens: int | None = None
     gateway_headers: list[str] = field(default_factory=list)
     error: str | None = None
+    # the POST /v1/warm sent ahead of it (replay's `warms`): its status and, when 200, the
+    # answer's instance, source, prompt/cached/warmed tokens and ms; None when none was sent
+    warm: dict[str, Any] | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -206,6 +213,37 @@ async def send_one(
         record.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
+async def send_warm(
+    client: httpx.AsyncClient,
+    url: str,
+    item: ReplayItem,
+    model: str,
+    record: RequestRecord,
+    headers: Mapping[str, str] | None,
+) -> None:
+    """POST /v1/warm of `item`'s context (every message but the last) for its session, as a
+    game server does when a player walks up to an NPC; the outcome goes in `record.warm`."""
+    body = {"model": model, "messages": item.messages[:-1], "user": item.session}
+    try:
+        resp = await client.post(url, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        record.warm = {"status": 0, "error": f"{type(exc).__name__}: {exc}"[:200]}
+        return
+    record.warm = {"status": resp.status_code}
+    if resp.status_code == 200:
+        answer = resp.json()
+        keys = ("instance", "source", "prompt_tokens", "cached_tokens", "warmed_tokens", "ms")
+        record.warm |= {k: answer.get(k) for k in keys}
+
+
+def _priority_headers(
+    headers: Mapping[str, str] | None, item: ReplayItem, send_priority: bool
+) -> Mapping[str, str] | None:
+    if not send_priority or item.priority is None:
+        return headers
+    return {**(headers or {}), "x-warmgate-priority": item.priority}
+
+
 class Progress:
     """A one-line progress report on stderr."""
 
@@ -249,6 +287,8 @@ async def replay(
     stop_after_s: float | None = None,
     session_order: bool = True,
     body_extra: Mapping[str, Any] | None = None,
+    warms: bool = False,
+    send_priority: bool = False,
 ) -> list[RequestRecord]:
     """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
 
@@ -257,10 +297,15 @@ async def replay(
     no request is sent after that many seconds (those left have `sent` False); requests
     already sent run to completion. With `session_order`, a request is not sent before the
     previous request of its session has ended (a player waits for the NPC's answer before
-    the next line, however late the answer is); that wait counts in `sent_s`, not in TTFT."""
+    the next line, however late the answer is); that wait counts in `sent_s`, not in TTFT.
+    With `warms`, an item with a session and `warm_lead_s` first has its context warmed
+    (POST /v1/warm, warmgate's) that much earlier (compressed as arrivals are), whether or
+    not the session's previous turn has ended; with `send_priority`, an item's priority
+    class goes in `x-warmgate-priority` (gateways without them ignore the header)."""
     if compress <= 0 or concurrency <= 0:
         raise ValueError("compress and concurrency must be positive")
     url = base_url.rstrip("/") + "/chat/completions"
+    warm_url = base_url.rstrip("/") + "/warm"
     headers = {"authorization": f"Bearer {api_key}"} if api_key else None
     by_url = dict(instance_by_url or {})
     order = sorted(range(len(items)), key=lambda i: items[i].at_s)
@@ -297,7 +342,7 @@ async def replay(
                         build_body(items[i], model, body_extra),
                         rec,
                         instance_by_url=by_url,
-                        headers=headers,
+                        headers=_priority_headers(headers, items[i], send_priority),
                     )
             finally:
                 done.set()
@@ -307,7 +352,19 @@ async def replay(
                 progress.errors += 0 if rec.ok else 1
                 progress.update()
 
+        async def warm(i: int) -> None:
+            lead = items[i].warm_lead_s or 0.0
+            delay = (records[i].scheduled_s - lead / compress) - (time.perf_counter() - start)
+            await asyncio.sleep(max(0.0, delay))
+            await send_warm(client, warm_url, items[i], model, records[i], headers)
+
         tasks: list[asyncio.Task[None]] = []
+        if warms and not closed_loop:
+            tasks += [
+                asyncio.create_task(warm(i))
+                for i in order
+                if items[i].session and items[i].warm_lead_s and len(items[i].messages) > 1
+            ]
         last_of_session: dict[str, asyncio.Event] = {}
         for i in order:
             if stop_after_s is not None and time.perf_counter() - start > stop_after_s:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bench.replay import ReplayItem
 from bench.synth_text import mooncake_items
@@ -80,12 +81,17 @@ def scale_defaults(scale: str | None) -> dict[str, int]:
     return dict(OVERFLOW_DEFAULTS) if scale == "cpu-overflow" else {}
 
 
-def game_items(players: int, minutes: float, seed: int, scale: str = "default") -> list[ReplayItem]:
+def game_items(
+    players: int, minutes: float, seed: int, scale: str = "default", **server: Any
+) -> list[ReplayItem]:
     """The game workload for `players` over `minutes` at `scale` (`default`: sim.players'
     parameters; `cpu`: CPU_SCALE; `cpu-overflow`: OVERFLOW_SCALE), generated in process:
-    each request's messages, reply length and session key."""
+    each request's messages, reply length and session key. `server`: what the game server
+    tells the gateway, GameParams fields (warm_lead_s, bump_at_s, bark_rate_per_s,
+    priority_classes), carried on each item as its warm lead and priority class."""
     base = SCALES[scale]
-    requests = generate(replace(base, players=players, minutes=minutes, seed=seed))
+    params = replace(base, players=players, minutes=minutes, seed=seed, **server)
+    requests = generate(params)
     return [
         ReplayItem(
             at_s=r.at_s,
@@ -93,6 +99,8 @@ def game_items(players: int, minutes: float, seed: int, scale: str = "default") 
             max_tokens=r.output_tokens,
             session=r.session,
             tag=r.tag,
+            warm_lead_s=r.warm_lead_s,
+            priority=r.priority,
         )
         for r in requests
     ]
