@@ -68,41 +68,61 @@ class AdminClient:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warmgate admin", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--url",
-        dest="gateway",
-        default=os.environ.get("WARMGATE_URL", "http://127.0.0.1:8000"),
-        help="the gateway (env WARMGATE_URL)",
-    )
-    p.add_argument(
-        "--admin-key",
-        default=os.environ.get("WARMGATE_ADMIN_KEY"),
-        help="admin key (env WARMGATE_ADMIN_KEY)",
-    )
-    p.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
+    _global_flags(p, url=os.environ.get("WARMGATE_URL", "http://127.0.0.1:8000"))
+    # the same flags after the subcommand too (`warmgate admin instances --json`); there they
+    # default to SUPPRESS, so one not given keeps the value (or default) from before it
+    common = argparse.ArgumentParser(add_help=False)
+    _global_flags(common, url=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("instances", help="each instance: health and why, load, cached tokens")
-    sub.add_parser("stats", help="requests by outcome, cached tokens, TTFT percentiles")
-    s = sub.add_parser("sessions", help="where a player's KV is believed to be")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    command("instances", "each instance: health and why, load, cached tokens")
+    command("stats", "requests by outcome, cached tokens, TTFT percentiles")
+    s = command("sessions", "where a player's KV is believed to be")
     s.add_argument("key")
-    s = sub.add_parser("explain", help="dry-run routing of a request body (JSON file, - stdin)")
+    s = command("explain", "dry-run routing of a request body (JSON file, - stdin)")
     s.add_argument("file")
     s.add_argument("--session", help="X-Session-Id to send with it")
-    s = sub.add_parser("add", help="add an instance (validated by the gateway)")
+    s = command("add", "add an instance (validated by the gateway)")
     s.add_argument("id")
     s.add_argument("instance_url", metavar="url", help="the engine's base URL (no /v1)")
     s.add_argument("--tierd-url")
     s.add_argument("--model", action="append", default=[], dest="models")
     s.add_argument("--kv-events-endpoint")
-    s = sub.add_parser("drain", help="stop new requests to an instance; it leaves when idle")
+    s = command("drain", "stop new requests to an instance; it leaves when idle")
     s.add_argument("id")
     s.add_argument("--wait", action="store_true", help="return once it has left the fleet")
     s.add_argument("--wait-timeout", type=float, default=600.0)
-    s = sub.add_parser("remove", help="take an instance out of the fleet now")
+    s = command("remove", "take an instance out of the fleet now")
     s.add_argument("id")
-    sub.add_parser("fleet", help="runtime fleet changes on record, drains in progress")
+    command("fleet", "runtime fleet changes on record, drains in progress")
     return p
+
+
+def _global_flags(p: argparse.ArgumentParser, *, url: str) -> None:
+    """--url, --admin-key, --json, --timeout; `url` is the default of --url, and SUPPRESS
+    makes every one of them keep the value parsed before (the subcommands' copy)."""
+    suppress = url is argparse.SUPPRESS
+    p.add_argument("--url", dest="gateway", default=url, help="the gateway (env WARMGATE_URL)")
+    p.add_argument(
+        "--admin-key",
+        default=argparse.SUPPRESS if suppress else os.environ.get("WARMGATE_ADMIN_KEY"),
+        help="admin key (env WARMGATE_ADMIN_KEY)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print the gateway's JSON answer",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS if suppress else 30.0,
+        help="seconds per HTTP call",
+    )
 
 
 def _read_body(path: str) -> Any:
