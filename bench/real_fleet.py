@@ -53,6 +53,9 @@ class RealFleetSpec:
     # forward pass or async ones beside it; lookups on vLLM's scheduler loop or off it
     tier_load: str = "sync"
     tier_lookup: str = "sync"
+    # vLLM's --scheduling-policy; with "priority" warmgate marks the instances
+    # priority_scheduling and sends each class's level (bench.priority_real)
+    scheduling_policy: str = "fcfs"
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -79,7 +82,7 @@ class RealFleet:
             # vLLM refuses a context its KV cannot hold: a small cache gets a shorter one
             max_model_len=(spec.num_gpu_blocks - 1) * (spec.block_size or 128)
             if spec.num_gpu_blocks else None,
-            start_timeout_s=spec.start_timeout_s,
+            start_timeout_s=spec.start_timeout_s, scheduling_policy=spec.scheduling_policy,
         )  # fmt: skip
         self.fleet: VllmFleet | TieredFleet = (
             TieredFleet(TieredConfig(self.cfg, **tiered_args)) if tiered else VllmFleet(self.cfg)
@@ -143,6 +146,11 @@ class RealFleet:
                     "models": [self.model],
                     **(
                         {"kv_events_endpoint": e.kv_events_endpoint} if e.kv_events_endpoint else {}
+                    ),
+                    **(
+                        {"priority_scheduling": True}
+                        if self.cfg.scheduling_policy == "priority"
+                        else {}
                     ),
                 }
                 for e in self.fleet.engines
