@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
+from router.errors import PolicyConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +166,7 @@ class ArrivalRate:
 
     def __init__(self, window_s: float = 30.0) -> None:
         if window_s <= 0:
-            raise ValueError("window_s must be positive")
+            raise PolicyConfigError("window_s must be positive")
         self.window_s = window_s
         self._count = 0.0
         self._last: float | None = None
@@ -214,7 +215,7 @@ class ReuseBudget:
         burst_prompts: float = 2.0,
     ) -> None:
         if budget <= 0 or price_max < 0 or burst_prompts < 0:
-            raise ValueError("budget must be positive, price_max and burst_prompts >= 0")
+            raise PolicyConfigError("budget must be positive, price_max and burst_prompts >= 0")
         self.budget = budget
         self.step = step
         self.alpha = alpha
@@ -292,9 +293,9 @@ class TtftCostModel:
         stats_alpha: float = 0.05,
     ) -> None:
         if not 0.0 < forgetting <= 1.0:
-            raise ValueError("forgetting must be in (0, 1]")
+            raise PolicyConfigError("forgetting must be in (0, 1]")
         if prior_weight < 0 or not 0.0 <= prior_decay <= 1.0:
-            raise ValueError("prior_weight must be >= 0 and prior_decay in [0, 1]")
+            raise PolicyConfigError("prior_weight must be >= 0 and prior_decay in [0, 1]")
         self.params = params or CostParams()
         self.forgetting = forgetting
         self.prior_weight = prior_weight

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
 from contracts.tiers import Tier
+from router.errors import PolicyConfigError
 from router.types import Decision, RouteRequest
 
 _NOTHING: Mapping[Tier, int] = MappingProxyType({})
@@ -121,7 +122,7 @@ class PolicyRegistry:
 
     def register(self, cls: type[Policy]) -> None:
         if cls.name in self._classes:
-            raise ValueError(f"policy {cls.name!r} is already registered")
+            raise PolicyConfigError(f"policy {cls.name!r} is already registered")
         self._classes[cls.name] = cls
 
     def names(self) -> list[str]:
@@ -131,7 +132,9 @@ class PolicyRegistry:
         try:
             return self._classes[name]
         except KeyError:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(self.names())}") from None
+            raise PolicyConfigError(
+                f"unknown policy {name!r}; known: {', '.join(self.names())}"
+            ) from None
 
     def create(self, name: str, **params: Any) -> Policy:
         return self.policy_class(name)(**params)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from contracts.tiers import Tier
+from router.errors import PolicyConfigError
 from router.policies.base import InstanceView, Policy
 from router.policies.scoring import load_key, make_decision, rank_by_load
 from router.types import Decision, RouteRequest
@@ -40,7 +41,7 @@ class PrefixPolicy(Policy):
         count_tiers: Iterable[Tier] = DEFAULT_COUNT_TIERS,
     ) -> None:
         if fallback not in ("least_load", "smallest_tree"):
-            raise ValueError("fallback must be 'least_load' or 'smallest_tree'")
+            raise PolicyConfigError("fallback must be 'least_load' or 'smallest_tree'")
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold

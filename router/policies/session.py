@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import xxhash
 
+from router.errors import PolicyConfigError
 from router.policies.base import InstanceView, Policy
 from router.policies.scoring import make_decision, rank_by_load
 from router.types import Decision, RouteRequest
@@ -55,9 +56,9 @@ class SessionPolicy(Policy):
 
     def __init__(self, *, vnodes: int = 160, eps: float = 0.25) -> None:
         if vnodes <= 0:
-            raise ValueError("vnodes must be positive")
+            raise PolicyConfigError("vnodes must be positive")
         if eps < 0:
-            raise ValueError("eps must be >= 0")
+            raise PolicyConfigError("eps must be >= 0")
         self.vnodes = vnodes
         self.eps = eps
         self._ring_key: tuple[str, ...] = ()

@@ -91,6 +91,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
+from router.errors import PolicyConfigError
 from router.footprints import SessionFootprints
 from router.policies.base import CalibrationSample, InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
@@ -112,11 +113,13 @@ def cost_params(given: CostParams | Mapping[str, Any] | None) -> CostParams:
     if isinstance(given, CostParams):
         return given
     if not isinstance(given, Mapping):
-        raise ValueError(f"ttft params must be a mapping of CostParams fields, not {given!r}")
+        raise PolicyConfigError(
+            f"ttft params must be a mapping of CostParams fields, not {given!r}"
+        )
     known = {f.name for f in dataclasses.fields(CostParams)}
     unknown = sorted(set(given) - known)
     if unknown:
-        raise ValueError(f"unknown ttft cost params {unknown}; known: {sorted(known)}")
+        raise PolicyConfigError(f"unknown ttft cost params {unknown}; known: {sorted(known)}")
     return CostParams(**dict(given))
 
 
@@ -152,13 +155,13 @@ class TtftPolicy(Policy):
         guard_rule: GuardRule = "trust",
     ) -> None:
         if tie_rel < 0 or tie_abs_s < 0:
-            raise ValueError("tie tolerances must be >= 0")
+            raise PolicyConfigError("tie tolerances must be >= 0")
         if stall_weight < 0:
-            raise ValueError("stall_weight must be >= 0")
+            raise PolicyConfigError("stall_weight must be >= 0")
         if load_cap < 1.0:
-            raise ValueError("load_cap must be >= 1")
+            raise PolicyConfigError("load_cap must be >= 1")
         if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
-            raise ValueError("kv_capacity_tokens must be positive")
+            raise PolicyConfigError("kv_capacity_tokens must be positive")
         base = cost_params(params)
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})

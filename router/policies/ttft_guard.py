@@ -37,6 +37,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from router.errors import PolicyConfigError
 from router.policies.base import InstanceView
 from router.policies.prefix import PrefixPolicy
 from router.policies.ttft_records import Scored
@@ -58,11 +59,11 @@ class TrustGuard:
         rule: GuardRule = "trust",
     ) -> None:
         if trust_error <= 0 or trust_min_observations < 0 or max_added_wait_s < 0:
-            raise ValueError("trust_error must be > 0, trust thresholds and caps >= 0")
+            raise PolicyConfigError("trust_error must be > 0, trust thresholds and caps >= 0")
         if not 0 < error_alpha <= 1:
-            raise ValueError("error_alpha must be in (0, 1]")
+            raise PolicyConfigError("error_alpha must be in (0, 1]")
         if rule not in ("trust", "robust"):
-            raise ValueError(f"unknown guard rule {rule!r}: trust or robust")
+            raise PolicyConfigError(f"unknown guard rule {rule!r}: trust or robust")
         self.trust_error = trust_error
         self.trust_min_observations = trust_min_observations
         self.error_alpha = error_alpha

@@ -7,7 +7,9 @@ from collections import Counter
 
 import pytest
 
+from contracts.errors import ConfigurationError
 from contracts.tiers import Tier
+from router.errors import PolicyConfigError
 from router.policies.base import InstanceView
 from router.policies.least_load import LeastLoadPolicy
 from router.policies.prefix import PrefixPolicy
@@ -42,8 +44,13 @@ def test_registry_names_and_unknown() -> None:
     assert reg.names() == ["least_load", "prefix", "round_robin", "session", "ttft"]
     assert reg.create("prefix", cache_threshold=0.5).name == "prefix"
     assert reg.create("ttft").name == "ttft"  # imported lazily by its factory
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(PolicyConfigError, match="unknown policy"):
         reg.create("nope")
+    # in the project's tree, and still a ValueError (pydantic reports it from settings)
+    assert issubclass(PolicyConfigError, ConfigurationError)
+    assert issubclass(PolicyConfigError, ValueError)
+    with pytest.raises(PolicyConfigError, match="fallback"):
+        reg.create("prefix", fallback="nope")
 
 
 def test_round_robin_rotates_with_fallbacks() -> None:
