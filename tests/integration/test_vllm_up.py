@@ -80,6 +80,24 @@ def test_up_serves_the_sdk_and_sighup_leaves_no_process(
         assert again.usage.prompt_tokens_details.cached_tokens == (
             (first.usage.prompt_tokens - 1) // 128 * 128
         )
+        # the Responses API (issue 23) against the real engine: plain, instructions + items,
+        # and the typed stream, translated to chat completions by the gateway
+        plain = c.responses.create(model=SERVED_MODEL, input="[up-test] hello", max_output_tokens=4)
+        assert plain.status in ("completed", "incomplete") and plain.output_text
+        assert plain.usage is not None and 0 < plain.usage.output_tokens <= 4
+        items = c.responses.create(
+            model=SERVED_MODEL,
+            instructions="You are Brom, the village blacksmith.",
+            input=[{"role": "user", "content": "[up-test] a sword, please"}],
+            max_output_tokens=4,
+        )
+        assert items.status in ("completed", "incomplete") and items.output_text
+        stream = c.responses.create(
+            model=SERVED_MODEL, input="[up-test] tell me", max_output_tokens=4, stream=True
+        )
+        kinds = [e.type for e in stream]
+        assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+        assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
         up.proc.send_signal(signal.SIGHUP)
         assert up.proc.wait(timeout=60) == 0, up.tail()
         deadline = time.monotonic() + 15
