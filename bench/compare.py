@@ -471,10 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = merge(args, args_list) if args.merge else asyncio.run(run(args, args_list))
     out_dir = Path(results["results_dir"])
     _dump(out_dir / "results.json", results)
-    markdown = render_markdown(results) + _game_tables(results)
-    (out_dir / "report.md").write_text(markdown)
+    report, game = render_markdown(results), _game_tables(results)
+    (out_dir / "report.md").write_text(report + game)
     if args.json_out:
         _dump(Path(args.json_out), results)
-    print(render_markdown(results).split("## Gateway overhead")[0] + _game_tables(results))
+    print(report.split("## Gateway overhead")[0] + game)
     print(f"artefacts: {out_dir}")
     return 0

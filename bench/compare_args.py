@@ -162,13 +162,10 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
 
 def game_server(args: argparse.Namespace) -> dict[str, Any]:
     """The game server's hints the flags ask for, as GameParams fields (none: {})."""
-    out: dict[str, Any] = {}
-    if args.warm_lead_s:
-        out["warm_lead_s"] = args.warm_lead_s
-    if args.bump_at_s:
-        out["bump_at_s"] = args.bump_at_s
-    if args.barks:
-        out["bark_rate_per_s"] = args.barks
-    if args.priority_classes:
-        out["priority_classes"] = True
-    return out
+    asked = {
+        "warm_lead_s": args.warm_lead_s,
+        "bump_at_s": args.bump_at_s,
+        "bark_rate_per_s": args.barks,
+        "priority_classes": args.priority_classes,
+    }
+    return {k: v for k, v in asked.items() if v}

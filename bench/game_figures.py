@@ -9,6 +9,7 @@ same policy's plain run are the hints' effect, measured in the same comparison."
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ def game_figures(
         out["first_lines"] = _ttft(lines, k) | {
             "warmed": len(warmed),
             "warms_refused": len(refused),
-            "warm_sources": _count(str(r.warm.get("source")) for r in warmed if r.warm),
+            "warm_sources": dict(Counter(str(r.warm.get("source")) for r in warmed if r.warm)),
         }
         ratios = [x for r in warmed if (x := _cached_share(r, block_tokens)) is not None]
         out["first_lines"]["cached_over_warmed_blocks"] = (
@@ -80,13 +81,6 @@ def _cached_share(record: RequestRecord, block_tokens: int) -> float | None:
     if full <= 0 or record.cached_tokens is None:
         return None
     return min(1.0, record.cached_tokens / full)
-
-
-def _count(values: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def game_markdown(rows: dict[str, dict[str, Any]]) -> str:
