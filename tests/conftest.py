@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,17 @@ def redis_url() -> Iterator[str]:
     yield url
     if server is not None:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[Any]:
+    """One real OTLP/HTTP receiver for the session (tests/support/otlp.py): fleets that live
+    longer than a module export to it."""
+    from tests.support.otlp import Receiver  # opentelemetry-proto: only where asked for
+
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from contracts.otel import engine_traces_endpoint
 from gateway.engine.vllm_metrics import cache_config
 from gateway.fleet.engine_check import EngineConfigMismatch
 from gateway.launch.banner import Interrupted, banner_text
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             python=python,
             kv_cache_gib=args.kv_cache_gib,
             start_timeout_s=max(args.start_timeout, 300.0),
+            otlp_traces=engine_traces_endpoint(os.environ),  # engines join the gateway's traces
         )
         # a tierd beside each engine (the KV connector, one shared array) unless --no-tierd
         fleet = (

@@ -97,6 +97,9 @@ class FleetConfig:
     kv_events: bool = True
     kv_events_topic: str = ""
     kv_replay: bool = True
+    # vLLM's own spans (and tierd's connector's, in its engine processes): (url, protocol)
+    # as `contracts.otel.engine_traces_endpoint` gives them; None: the engines do not trace
+    otlp_traces: tuple[str, str] | None = None
     python: Path | None = None  # the engine venv's interpreter; None: engine_python()
     extra_args: Sequence[str] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -184,6 +187,8 @@ class VllmEngine:
             if self.kv_replay_endpoint is not None:
                 events["replay_endpoint"] = self.kv_replay_endpoint
             args += ["--kv-events-config", json.dumps(events)]
+        if cfg.otlp_traces is not None:
+            args += ["--otlp-traces-endpoint", cfg.otlp_traces[0]]
         return args + list(cfg.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -202,6 +207,8 @@ class VllmEngine:
         )
         if cfg.hash_seed is not None:
             env["PYTHONHASHSEED"] = cfg.hash_seed
+        if cfg.otlp_traces is not None:
+            env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = cfg.otlp_traces[1]
         env.update(cfg.extra_env)
         return env
 

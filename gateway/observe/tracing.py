@@ -1,13 +1,8 @@
 """OpenTelemetry traces of proxied requests, configured by the standard `OTEL_*` variables.
 
-On when an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_ENDPOINT` or
-`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) and neither `OTEL_SDK_DISABLED=true` nor
-`OTEL_TRACES_EXPORTER=none` says otherwise; it needs the `otel` extra
-(`pip install 'warmgate[otel]'`). The SDK reads the rest itself: `OTEL_SERVICE_NAME` and
-`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` / `_ARG` (parent-based by default), the
-exporter's headers and timeouts; `OTEL_EXPORTER_OTLP_PROTOCOL` may be `http/protobuf` (the
-default) or `grpc` (with `opentelemetry-exporter-otlp-proto-grpc` installed). Off, `Tracing`
-hands out one do-nothing `RequestTrace` and the SDK is never imported.
+On as `contracts.otel` reads the variables; it needs the `otel` extra
+(`pip install 'warmgate[otel]'`). Off, `Tracing` hands out one do-nothing `RequestTrace` and
+the SDK is never imported.
 
 The proxy calls it at few points, each request through one `RequestTrace`:
 - `begin(scope_headers)` when the request arrives (the client's W3C `traceparent` is continued);
@@ -22,13 +17,12 @@ The proxy calls it at few points, each request through one `RequestTrace`:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from contracts.errors import ConfigurationError
+from contracts.otel import tracer_provider, tracing_wanted
 
 
 class _Decision(Protocol):  # router.types.Decision, as far as the span reads it
@@ -54,17 +48,6 @@ class Routed(Protocol):  # gateway.pipeline.decide.Routed, as far as the span re
 
 
 _TRACE_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
-
-
-def tracing_wanted(env: Mapping[str, str]) -> bool:
-    """Whether the standard variables ask for trace export."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
-        return False
-    return bool(
-        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
 
 
 class RequestTrace:
@@ -114,22 +97,10 @@ class _Sdk:
     """The OpenTelemetry SDK's side, imported only when tracing is on."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        try:
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is missing "
-                f"({exc}): pip install 'warmgate[otel]'"
-            ) from None
-        resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "warmgate"})
-        self.provider = TracerProvider(resource=resource)  # OTEL_TRACES_SAMPLER is its own
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(env)))
+        self.provider = tracer_provider(env, "warmgate", "'warmgate[otel]'")
+        from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
         self.tracer = self.provider.get_tracer("warmgate.gateway")
         self.propagator = TraceContextTextMapPropagator()
         self.in_context = set_span_in_context
@@ -150,30 +121,6 @@ class _Sdk:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
-
-
-def _exporter(env: Mapping[str, str]) -> Any:
-    protocol = (
-        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()  # the endpoint, headers, timeout: OTEL_EXPORTER_OTLP_*
-    if protocol == "grpc":
-        try:  # not in the `otel` extra
-            grpc = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc "
-                f"({exc})"
-            ) from None
-        return grpc.OTLPSpanExporter()
-    raise ConfigurationError(
-        f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: the gateway exports http/protobuf or grpc"
-    )
 
 
 class _LiveTrace(RequestTrace):

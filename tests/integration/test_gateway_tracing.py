@@ -11,24 +11,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from gateway.observe.tracing import RequestTrace, Tracing, tracing_wanted
+from contracts.otel import tracing_wanted
+from gateway.observe.tracing import RequestTrace, Tracing
 from tests.e2e.fleet import Fleet, fleet_behind_script, wait_until
-from tests.support.procs import free_port
 
 try:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-        ExportTraceServiceResponse,
-    )
+    from tests.support.otlp import Receiver, attributes
 except ImportError:  # the `otel` extra (in `dev`)
     if os.environ.get("CI") == "true":
         raise
@@ -78,61 +72,6 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
 
 
-class Receiver:
-    """A real OTLP/HTTP trace receiver: every span it was sent, with its service name."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, Any]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                ok = self.path == "/v1/traces"
-                if ok:
-                    request = ExportTraceServiceRequest()
-                    request.ParseFromString(body)
-                    with receiver.lock:
-                        for rs in request.resource_spans:
-                            service = next(
-                                a.value.string_value
-                                for a in rs.resource.attributes
-                                if a.key == "service.name"
-                            )
-                            for ss in rs.scope_spans:
-                                receiver.spans.extend((service, s) for s in ss.spans)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200 if ok else 404)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def of_trace(self, trace_id: str) -> dict[str, tuple[str, Any]]:
-        with self.lock:
-            return {s.name: (svc, s) for svc, s in self.spans if s.trace_id.hex() == trace_id}
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.stop()
-
-
 def _gateway(tmp: Path, otel: dict[str, str]) -> Iterator[Fleet]:
     """The echo engine and a gateway whose environment's OTEL_* variables are `otel`."""
     cm = fleet_behind_script(tmp, UPSTREAM, "echo", "/v1/models")
@@ -149,9 +88,9 @@ def _gateway(tmp: Path, otel: dict[str, str]) -> Iterator[Fleet]:
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Fleet]:
+def traced(tmp_path_factory: pytest.TempPathFactory, otlp_receiver: Receiver) -> Iterator[Fleet]:
     otel = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.url,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_SERVICE_NAME": "warmgate-test",
         "OTEL_TRACES_SAMPLER": "parentbased_always_on",
@@ -172,26 +111,14 @@ def _chat(base: str, headers: dict[str, str]) -> httpx.Response:
     return r
 
 
-def _attributes(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for a in span.attributes:
-        v = a.value
-        kind = v.WhichOneof("value")
-        if kind == "array_value":
-            out[a.key] = [x.string_value for x in v.array_value.values]
-        else:
-            out[a.key] = getattr(v, kind)
-    return out
-
-
-def test_client_trace_is_continued_and_forwarded(traced: Fleet, receiver: Receiver) -> None:
+def test_client_trace_is_continued_and_forwarded(traced: Fleet, otlp_receiver: Receiver) -> None:
     r = _chat(traced.base, {"traceparent": TRACEPARENT})
     version, trace_id, engine_parent, flags = r.headers["x-echo-traceparent"].split("-")
     assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
     assert engine_parent != CLIENT_SPAN  # the engine's parent is our attempt span
     names = {REQUEST_SPAN, "decide", "upstream attempt"}
     spans = wait_until(
-        lambda: (s := receiver.of_trace(TRACE_ID)) and names <= set(s) and s,
+        lambda: (s := otlp_receiver.of_trace(TRACE_ID)) and names <= set(s) and s,
         what="the request's spans exported",
     )
     service, request = spans[REQUEST_SPAN]
@@ -201,19 +128,19 @@ def test_client_trace_is_continued_and_forwarded(traced: Fleet, receiver: Receiv
     _, attempt = spans["upstream attempt"]
     assert decide.parent_span_id == request.span_id == attempt.parent_span_id
     assert attempt.span_id.hex() == engine_parent
-    attrs = _attributes(decide)
+    attrs = attributes(decide)
     assert attrs["warmgate.instance"] == "echo" and attrs["warmgate.candidates"] == ["echo"]
     assert attrs["warmgate.policy"] and "warmgate.predicted_cached_tokens" in attrs
-    assert _attributes(attempt)["warmgate.attempt"] == 0
+    assert attributes(attempt)["warmgate.attempt"] == 0
     assert [e.name for e in attempt.events] == ["first token"]
-    assert _attributes(request)["warmgate.outcome"] == "ok"
+    assert attributes(request)["warmgate.outcome"] == "ok"
 
 
-def test_a_request_without_trace_context_starts_one(traced: Fleet, receiver: Receiver) -> None:
+def test_a_request_without_trace_context_starts_one(traced: Fleet, otlp_receiver: Receiver) -> None:
     r = _chat(traced.base, {})
     _, trace_id, _, _ = r.headers["x-echo-traceparent"].split("-")
     spans = wait_until(
-        lambda: (s := receiver.of_trace(trace_id)) and REQUEST_SPAN in s and s,
+        lambda: (s := otlp_receiver.of_trace(trace_id)) and REQUEST_SPAN in s and s,
         what="a new trace exported",
     )
     assert spans[REQUEST_SPAN][1].parent_span_id == b""

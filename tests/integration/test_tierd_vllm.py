@@ -20,6 +20,7 @@ from gateway.launch.models import ensure_tiny_model
 from gateway.launch.tiered import TieredConfig, TieredFleet
 from gateway.launch.vllm_fleet import FleetConfig
 from tests.support.engines import engine_python_or_skip
+from tests.support.otlp import Receiver, attributes
 from tests.support.procs import free_port
 from tests.support.vllm import Gateway, gateway_config
 from tests.support.vllm_fleets import FleetSlot
@@ -32,7 +33,7 @@ MODEL = "warmgate-tiny"
 
 
 @pytest.fixture(scope="module")
-def fleet(session_fleets: FleetSlot) -> TieredFleet:
+def fleet(session_fleets: FleetSlot, otlp_receiver: Receiver) -> TieredFleet:
     python = engine_python_or_skip()
 
     def build(run_dir: Path) -> TieredFleet:
@@ -45,6 +46,9 @@ def fleet(session_fleets: FleetSlot) -> TieredFleet:
                     run_dir=run_dir,
                     served_model_name=MODEL,
                     python=python,
+                    # vLLM's tracing on: its spans and the connector's reach the receiver
+                    otlp_traces=(f"{otlp_receiver.url}/v1/traces", "http/protobuf"),
+                    extra_env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
                 ),
                 l1_bytes=256 * 1024 * 1024,
                 loads=("sync", "async"),  # B loads in a thread while its request waits
@@ -61,7 +65,13 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, 4000) for _ in range(n)]
 
 
-def complete(url: str, ids: list[int], salt: str | None = None, n: int = 8) -> dict[str, Any]:
+def complete(
+    url: str,
+    ids: list[int],
+    salt: str | None = None,
+    n: int = 8,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": MODEL,
         "prompt": ids,
@@ -72,7 +82,7 @@ def complete(url: str, ids: list[int], salt: str | None = None, n: int = 8) -> d
     }
     if salt is not None:
         body["cache_salt"] = salt
-    r = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
+    r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=300.0)
     assert r.status_code == 200, r.text
     out = r.json()
     return {
@@ -156,6 +166,58 @@ def test_engine_b_serves_what_engine_a_computed(fleet: TieredFleet) -> None:
     assert stats["lookup_rtt_samples"] >= 1
     assert stats["lookups_deferred"] >= 1  # B looked up off the scheduler loop
     assert "lookups_deferred" not in fleet.instances[0].stats()  # A on it
+
+
+def _traced(span_id: str) -> tuple[str, dict[str, str]]:
+    trace_id = uuid.uuid4().hex
+    return trace_id, {"traceparent": f"00-{trace_id}-{span_id}-01"}
+
+
+def test_a_traced_request_has_tierd_spans_beside_vllms(
+    fleet: TieredFleet, otlp_receiver: Receiver
+) -> None:
+    a, b = fleet.instances
+    ids = prompt(121, 1300)
+    full = (len(ids) - 1) // BLOCK
+    parent = "00f067aa0ba902b7"  # the gateway's upstream attempt, as vLLM gets it
+    saved_trace, headers = _traced(parent)
+    settled(fleet)
+    written = a.tierd.stats()["connector"].get("write_through_blocks", 0)
+    assert complete(a.engine.url, ids, headers=headers)["cached"] == 0
+    wait_until(
+        lambda: a.tierd.stats()["connector"].get("write_through_blocks", 0) >= written + full
+    )
+    loaded_trace, headers = _traced(parent)
+    assert complete(b.engine.url, ids, headers=headers)["cached"] == full * BLOCK
+
+    def spans_of(trace_id: str, names: set[str]) -> dict[str, Any]:
+        wait_until(lambda: names <= set(otlp_receiver.of_trace(trace_id)), 30.0)
+        return {name: span for name, (_, span) in otlp_receiver.of_trace(trace_id).items()}
+
+    computed = spans_of(saved_trace, {"llm_request", "tierd lookup", "tierd save"})
+    served = spans_of(loaded_trace, {"llm_request", "tierd lookup", "tierd load"})
+    for spans in (computed, served):  # siblings of vLLM's span, under the caller's
+        assert {s.parent_span_id.hex() for s in spans.values()} == {parent}
+        assert all(s.end_time_unix_nano >= s.start_time_unix_nano > 0 for s in spans.values())
+    assert attributes(computed["tierd lookup"])["tierd.hit_blocks"] == 0
+    assert attributes(computed["tierd lookup"])["tierd.lookup.mode"] == "sync"  # A's
+    assert attributes(computed["tierd save"])["tierd.blocks"] >= 1
+    lookup = attributes(served["tierd lookup"])
+    assert (lookup["tierd.hit_blocks"], lookup["tierd.lookup.mode"]) == (full, "async")
+    load = attributes(served["tierd load"])
+    assert (load["tierd.blocks"], load["tierd.failed_blocks"]) == (full, 0)
+    assert load["tierd.load.mode"] == "async"
+    # the load ends before vLLM's request does (it waited for its KV)
+    assert served["tierd load"].end_time_unix_nano <= served["llm_request"].end_time_unix_nano
+
+
+def test_an_untraced_request_records_no_tierd_span(
+    fleet: TieredFleet, otlp_receiver: Receiver
+) -> None:
+    before = len(otlp_receiver.named("tierd lookup"))
+    complete(fleet.instances[1].engine.url, prompt(122, 400))
+    time.sleep(1.0)  # two export periods
+    assert len(otlp_receiver.named("tierd lookup")) == before
 
 
 def test_engine_a_loads_synchronously_what_engine_b_computed(fleet: TieredFleet) -> None:

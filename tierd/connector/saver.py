@@ -47,13 +47,18 @@ class AsyncSaver:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-save")
         self._inflight: list[tuple[Future[None], frozenset[int]]] = []
 
-    def submit(self, items: Items, block_size: int, stream: int | None = None) -> None:
-        """Start saving these (key, block id, parent key); returns at once. `stream`: the
-        engine's stream (taken on its thread) that native GPU copies must follow."""
-        if items:
-            fut = self._pool.submit(self.mover.save, list(items), block_size, stream)
-            self._inflight.append((fut, frozenset(b for _, b, _ in items)))
-            self.counters["saves_async"] += 1
+    def submit(
+        self, items: Items, block_size: int, stream: int | None = None
+    ) -> Future[None] | None:
+        """Start saving these (key, block id, parent key); returns at once, with the save's
+        future (None when there is nothing to save). `stream`: the engine's stream (taken on
+        its thread) that native GPU copies must follow."""
+        if not items:
+            return None
+        fut = self._pool.submit(self.mover.save, list(items), block_size, stream)
+        self._inflight.append((fut, frozenset(b for _, b, _ in items)))
+        self.counters["saves_async"] += 1
+        return fut
 
     def before_writes(self, blocks: Collection[int]) -> None:
         """A step is about to write `blocks`: wait for the saves that still read any."""

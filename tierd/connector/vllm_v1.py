@@ -17,6 +17,9 @@ answering vLLM "not yet" (None) until it is back, so a slow tierd never stalls t
 ``sync``: in `wait_for_save`), ``stats_dir`` (JSON counters: ``scheduler-<pid>.json``,
 ``worker-<pid>.json``),
 ``namespace`` (override; default: model, dtype, block size, hash algorithm, hash seed).
+
+With vLLM's tracing on, a traced request's lookup, load and save are spans in its trace
+(`tierd.connector.tracing`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tierd.connector import plan as P
 from tierd.connector.saver import AsyncSaver
+from tierd.connector.tracing import Carrier, ConnectorTracing, now_ns
 from tierd.connector.worker import BlockMover, Link, log, write_stats
 from tierd.kvwire import KvSocketError
 
@@ -64,6 +68,8 @@ class TierdConnectorMeta(KVConnectorMetadata):
     loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
     saves: list[tuple[int, int, int | None]] = field(default_factory=list)
     fresh_blocks: set[int] = field(default_factory=set)  # handed out this step (saver)
+    traces: dict[str, Carrier] = field(default_factory=dict)  # traced loads' requests
+    save_traces: list[tuple[Carrier, int]] = field(default_factory=list)  # (trace, blocks)
 
 
 def namespace_of(vllm_config: VllmConfig) -> str:
@@ -105,6 +111,7 @@ class TierdConnector(KVConnectorBase_V1):
         if self.stats_file is not None:
             self.stats_file.parent.mkdir(parents=True, exist_ok=True)
         self.counters: Counter[str] = Counter()
+        self.tracing = ConnectorTracing(side)
         # scheduler side
         self._reqs: dict[str, Request] = {}
         self._plans: dict[str, P.ReqPlan] = {}
@@ -116,7 +123,9 @@ class TierdConnector(KVConnectorBase_V1):
         self._lookup_pool: ThreadPoolExecutor | None = None
         if async_lookup and role == KVConnectorRole.SCHEDULER:
             self._lookup_pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-lookup")
-        self._lookups: dict[str, tuple[tuple[int, int], Future[tuple[int, dict[str, int]]]]] = {}
+        self._lookups: dict[
+            str, tuple[tuple[int, int], int, Future[tuple[int, dict[str, int]]]]
+        ] = {}  # rid -> (window, asked at ns, answer)
         # worker side
         self.mover: BlockMover | None = None
         self.saver: AsyncSaver | None = None
@@ -152,19 +161,33 @@ class TierdConnector(KVConnectorBase_V1):
         if stop <= start or request.skip_reading_prefix_cache:
             return 0, False
         if self._lookup_pool is None:
+            asked_ns = now_ns()
             n, tiers = self._lookup(keys[start:stop])
         else:  # off the scheduler loop: vLLM asks again next step while we return None
             pending = self._lookups.get(rid)
             if pending is None or pending[0] != (start, stop):
                 fut = self._lookup_pool.submit(self._lookup, keys[start:stop])
-                self._lookups[rid] = ((start, stop), fut)
+                self._lookups[rid] = ((start, stop), now_ns(), fut)
                 self.counters["lookups_deferred"] += 1
                 return None, False
-            if not pending[1].done():
+            if not pending[2].done():
                 return None, False
             del self._lookups[rid]
-            n, tiers = pending[1].result()
+            asked_ns = pending[1]
+            n, tiers = pending[2].result()
         plan.ext_blocks, plan.tiers = n, tiers
+        self.tracing.record(
+            "tierd lookup",
+            self.tracing.carrier_of(request.trace_headers),
+            asked_ns,  # async: from the first ask to the answer vLLM acts on
+            now_ns(),
+            {
+                "tierd.lookup.mode": "sync" if self._lookup_pool is None else "async",
+                "tierd.blocks_asked": stop - start,
+                "tierd.hit_blocks": n,
+                **{f"tierd.tier.{name}": count for name, count in tiers.items()},
+            },
+        )
         return n * self.block_size, self.async_load and n > 0
 
     def _lookup(self, hashes: list[int]) -> tuple[int, dict[str, int]]:
@@ -215,6 +238,12 @@ class TierdConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = TierdConnectorMeta(loads=list(self._pending.items()))
         self._pending.clear()
+        if self.tracing.enabled:
+            for rid, _ in meta.loads:
+                req = self._reqs.get(rid)
+                carrier = self.tracing.carrier_of(req.trace_headers if req else None)
+                if carrier is not None:
+                    meta.traces[rid] = carrier
         so = scheduler_output
         for _, pairs in meta.loads:
             meta.fresh_blocks.update(b for _, b in pairs)
@@ -228,7 +257,7 @@ class TierdConnector(KVConnectorBase_V1):
             plan.block_ids = list(nr.block_ids[0])
             plan.saved_upto = max(plan.saved_upto, nr.num_computed_tokens // self.block_size)
             done = nr.num_computed_tokens + so.num_scheduled_tokens.get(nr.req_id, 0)
-            meta.saves += P.due_saves(plan, self._keys_of(req), done, self.block_size)
+            self._add_saves(meta, req, P.due_saves(plan, self._keys_of(req), done, self.block_size))
         cached = so.scheduled_cached_reqs
         for new_ids in cached.new_block_ids:  # every request's, planned or not
             meta.fresh_blocks.update(new_ids[0] if new_ids else ())
@@ -243,9 +272,17 @@ class TierdConnector(KVConnectorBase_V1):
             elif new_ids:
                 plan.block_ids.extend(new_ids[0])
             done = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(rid, 0)
-            meta.saves += P.due_saves(plan, self._keys_of(req), done, self.block_size)
+            self._add_saves(meta, req, P.due_saves(plan, self._keys_of(req), done, self.block_size))
         self.counters["save_planned_blocks"] += len(meta.saves)
         return meta
+
+    def _add_saves(
+        self, meta: TierdConnectorMeta, request: Request, saves: list[tuple[int, int, int | None]]
+    ) -> None:
+        meta.saves += saves
+        carrier = self.tracing.carrier_of(request.trace_headers) if saves else None
+        if carrier is not None:
+            meta.save_traces.append((carrier, len(saves)))
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -300,12 +337,43 @@ class TierdConnector(KVConnectorBase_V1):
             self.saver.before_writes(meta.fresh_blocks)
         stream = self.mover.current_stream()  # the engine's, for a load on the pool thread
         for rid, pairs in meta.loads:
+            carrier = meta.traces.get(rid)
+            started = now_ns()
             if self._pool is not None:
                 ids = [b for _, b in pairs]
                 fut = self._pool.submit(self.mover.load, pairs, stream)
                 self._recving[rid] = (fut, ids)
+                if carrier is not None:
+                    fut.add_done_callback(self._traced_load(carrier, started, len(ids)))
             else:
-                self._errors |= self.mover.load(pairs)
+                failed = self.mover.load(pairs)
+                self._errors |= failed
+                self.tracing.record(
+                    "tierd load",
+                    carrier,
+                    started,
+                    now_ns(),
+                    {
+                        "tierd.load.mode": "sync",
+                        "tierd.blocks": len(pairs),
+                        "tierd.failed_blocks": len(failed),
+                    },
+                    failed=bool(failed),
+                )
+
+    def _traced_load(self, carrier: Carrier, started: int, blocks: int) -> Any:
+        def done(fut: Future[set[int]]) -> None:  # on the load thread, as the copy ends
+            failed = len(fut.result()) if fut.exception() is None else blocks
+            self.tracing.record(
+                "tierd load",
+                carrier,
+                started,
+                now_ns(),
+                {"tierd.load.mode": "async", "tierd.blocks": blocks, "tierd.failed_blocks": failed},
+                failed=failed > 0,
+            )
+
+        return done
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -322,10 +390,37 @@ class TierdConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TierdConnectorMeta)
+        started = now_ns()
         if self.saver is not None and self.mover is not None:
-            self.saver.submit(meta.saves, self.block_size, self.mover.current_stream())
+            fut = self.saver.submit(meta.saves, self.block_size, self.mover.current_stream())
+            if fut is not None and meta.save_traces:
+                fut.add_done_callback(self._traced_saves(meta, started, "async"))
         elif self.mover is not None and meta.saves:
             self.mover.save(meta.saves, self.block_size)
+            self._traced_saves(meta, started, "sync")(None)
+
+    def _traced_saves(self, meta: TierdConnectorMeta, started: int, mode: str) -> Any:
+        """Each traced request's part of this step's save: from the hand-off until its
+        blocks are copied out (the commit to tierd is one-way and follows)."""
+
+        def done(fut: Future[None] | None) -> None:
+            failed = fut is not None and fut.exception() is not None
+            ended = now_ns()
+            for carrier, blocks in meta.save_traces:
+                self.tracing.record(
+                    "tierd save",
+                    carrier,
+                    started,
+                    ended,
+                    {
+                        "tierd.save.mode": mode,
+                        "tierd.blocks": blocks,
+                        "tierd.step_blocks": len(meta.saves),
+                    },
+                    failed=failed,
+                )
+
+        return done
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.mover is not None:
@@ -358,3 +453,4 @@ class TierdConnector(KVConnectorBase_V1):
             self.mover.close()
         self._write_stats()
         self.link.close()
+        self.tracing.shutdown()
