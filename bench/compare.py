@@ -50,6 +50,8 @@ from bench.peers import (
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
+from bench.tail_breakdown import BreakdownSink, breakdown
+from bench.tail_breakdown import markdown as breakdown_markdown
 from bench.tier_stats import tier_figures
 from bench.workloads import SCALES, game_items, sidecar_items, trace_items
 
@@ -91,16 +93,19 @@ async def run_gateway(
     items: Sequence[ReplayItem],
     args: argparse.Namespace,
     tmp: Path,
+    sink: BreakdownSink | None = None,
 ) -> tuple[dict[str, Any], list[float], dict[str, list[tuple[float, float]]]]:
-    """Replay `items` through gateway `name` in front of a fresh fleet."""
+    """Replay `items` through gateway `name` in front of a fresh fleet; with `sink`, every
+    request traced and the tail's breakdown in the summary."""
     logs = tmp / "logs" / name
     real = isinstance(spec, RealFleetSpec)
     time_scale = spec.time_scale if isinstance(spec, FleetSpec) else 1.0
     t_start = time.perf_counter()
+    env = sink.gateway_env() if sink is not None else None
     fleet_cm = (
-        real_fleet_with_gateway(spec, name, keep_logs=logs)
+        real_fleet_with_gateway(spec, name, keep_logs=logs, warmgate_env=env)
         if isinstance(spec, RealFleetSpec)
-        else fleet_with_gateway(spec, name, keep_logs=logs)
+        else fleet_with_gateway(spec, name, keep_logs=logs, warmgate_env=env)
     )
     async with fleet_cm as (fleet, gw):
         assert gw is not None
@@ -118,8 +123,10 @@ async def run_gateway(
             concurrency=args.concurrency, instance_by_url=gw.instance_by_url,
             api_key=gw.api_key, progress_label=name,
             body_extra=VLLM_BODY_EXTRA if real else None, warms=hints, send_priority=hints,
+            trace=sink is not None,
         )  # fmt: skip
         duration = time.perf_counter() - t0
+        traces = await sink.collect(records) if sink is not None else None
         cpu1 = await asyncio.to_thread(_cpu_times)
         sampler.cancel()
         await poller.stop()
@@ -133,6 +140,8 @@ async def run_gateway(
         bump_at_s=game_server(args).get("bump_at_s", ()),
     )  # fmt: skip
     summary.update(tiers)
+    if traces is not None:
+        summary["tail_breakdown"] = breakdown(records, traces)
     # the machine's 1-minute load average during the replay: on a shared machine other
     # work competes for the engines' cores, and differently in each gateway's run
     summary["machine_load_mean"] = round(sum(loads) / len(loads), 2) if loads else None
@@ -216,6 +225,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         seed=args.seed, kv_capacity_tokens=args.kv_capacity_tokens,
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
+    sink = BreakdownSink() if args.breakdown else None
     spec: FleetSpec | RealFleetSpec = (
         RealFleetSpec(
             instances=args.instances,
@@ -223,6 +233,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             num_gpu_blocks=args.engine_kv_blocks,
             tier_load=args.tier_load,
             tier_lookup=args.tier_lookup,
+            otlp_traces=sink.engine_traces() if sink is not None else None,
         )
         if args.engines == "vllm"
         else sim_spec
@@ -255,6 +266,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "tier_lookup": args.tier_lookup,
             "repeats": args.repeats,
             "rotate_offset": args.rotate_offset,
+            "breakdown": args.breakdown,
         },
         "gateways": {},
         "notes": [],
@@ -292,7 +304,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 continue
             _log(f"{gw}: fresh fleet of {args.instances}, replaying (repeat {rep + 1})")
             try:
-                summary, gw_ttfts, gw_series = await run_gateway(gw, spec, items, args, tmp)
+                summary, gw_ttfts, gw_series = await run_gateway(gw, spec, items, args, tmp, sink)
             except (RuntimeError, TimeoutError, OSError) as exc:
                 rows[gw] = {"skipped": f"failed to run: {exc}"[:800]}
                 _log(f"{gw}: failed: {exc}")
@@ -318,6 +330,8 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             if path.exists():
                 await asyncio.to_thread(path.replace, tmp / f"records-{gw}-r{rep + 1}.jsonl")
     _fold_repeats(results, gateways, orders, args.load_margin)
+    if sink is not None:
+        sink.stop()
     if not args.no_claims:
         _log("seed's claims: tiers vs no array, closed loop")
         claims_spec = replace(
@@ -458,8 +472,13 @@ def merge(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _game_tables(results: dict[str, Any]) -> str:
-    """The game server's figures of each repeat (bench.game_figures), after the report."""
+    """The game server's figures and the tail breakdown of each repeat (bench.game_figures,
+    bench.tail_breakdown), after the report."""
     tables = [game_markdown(rows) for rows in results.get("repeat_rows") or ()]
+    for rows in results.get("repeat_rows") or ():
+        found = {gw: row.get("tail_breakdown") for gw, row in rows.items()}
+        if any(found.values()):
+            tables.append(breakdown_markdown(found))
     return "".join(f"\n{t}" for t in tables if t)
 
 

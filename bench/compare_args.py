@@ -111,6 +111,12 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
             f"--tier-{mode}", choices=("sync", "async"), default="sync",
             help=f"with --tiers: the KV connector's {mode} mode (tierd.connector)",
         )  # fmt: skip
+    p.add_argument(
+        "--breakdown", action="store_true",
+        help="where the slowest 5%% of TTFTs went (bench.tail_breakdown): every request traced "
+        "(a traceparent each), warmgate's gateway and the engines (vllm: vLLM's and tierd's "
+        "spans) export to a receiver in this process; tracing's own cost is in each run",
+    )  # fmt: skip
     p.add_argument("--json", dest="json_out", help="also write results.json here")
     p.add_argument("--seed", type=int, default=None, help="workload seed (7; vllm: 11)")
     p.add_argument("--profile", default="qwen2.5-32b-h200")

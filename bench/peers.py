@@ -35,7 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -339,8 +339,11 @@ def smg_command(name: str, worker_urls: Sequence[str], port: int, metrics_port: 
     ]  # fmt: skip
 
 
-async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway:
-    """Start gateway `name` in front of `fleet` and wait until it answers."""
+async def start_gateway(
+    name: str, fleet: EngineFleet, workdir: Path, warmgate_env: Mapping[str, str] | None = None
+) -> Gateway:
+    """Start gateway `name` in front of `fleet` and wait until it answers; warmgate's own
+    gateways get `warmgate_env` too (the OTEL_ variables of `bench compare --breakdown`)."""
     port = free_port()
     api_key: str | None = None
     by_url = {url: inst for inst, url in fleet.engines.items()}
@@ -352,7 +355,7 @@ async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway
             config.get("routing", {}).get("precise", {}).pop("tokenizer_dir", None)
         cfg.write_text(yaml.safe_dump(config))
         args = [sys.executable, "-m", "gateway.cli", "serve"]
-        env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port)}
+        env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port), **(warmgate_env or {})}
         proc = await Proc.spawn(name, args, log, env)
         await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
     elif name in SMG_POLICIES:
@@ -376,18 +379,26 @@ async def start_gateway(name: str, fleet: EngineFleet, workdir: Path) -> Gateway
 
 @contextlib.asynccontextmanager
 async def fleet_with_gateway(
-    spec: FleetSpec, gateway: str | None, keep_logs: Path | None = None
+    spec: FleetSpec,
+    gateway: str | None,
+    keep_logs: Path | None = None,
+    warmgate_env: Mapping[str, str] | None = None,
 ) -> Any:
     """Fresh engines and (optionally) one gateway; both stopped and cleaned on exit.
     Yields (fleet, gateway or None). Logs are copied to `keep_logs` when given."""
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="warmgate-bench-"))
-    async with gateway_in_front(Fleet(spec, workdir), gateway, workdir, keep_logs) as pair:
+    fleet = Fleet(spec, workdir)
+    async with gateway_in_front(fleet, gateway, workdir, keep_logs, warmgate_env) as pair:
         yield pair
 
 
 @contextlib.asynccontextmanager
 async def gateway_in_front(
-    fleet: EngineFleet, gateway: str | None, workdir: Path, keep_logs: Path | None
+    fleet: EngineFleet,
+    gateway: str | None,
+    workdir: Path,
+    keep_logs: Path | None,
+    warmgate_env: Mapping[str, str] | None = None,
 ) -> Any:
     """Start `fleet` and (optionally) gateway `gateway` in front of it; on exit stop both,
     copy the logs to `keep_logs` when given and remove `workdir`. Yields (fleet, gateway)."""
@@ -395,7 +406,7 @@ async def gateway_in_front(
     try:
         await fleet.start()
         if gateway is not None:
-            gw = await start_gateway(gateway, fleet, workdir)
+            gw = await start_gateway(gateway, fleet, workdir, warmgate_env)
         yield fleet, gw
     finally:
         if gw is not None:

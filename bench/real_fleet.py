@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import secrets
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,9 @@ class RealFleetSpec:
     # vLLM's --scheduling-policy; with "priority" warmgate marks the instances
     # priority_scheduling and sends each class's level (bench.priority_real)
     scheduling_policy: str = "fcfs"
+    # the engines' own spans (vLLM's, tierd's connector's): (url, protocol) as
+    # FleetConfig.otlp_traces; `bench compare --breakdown`
+    otlp_traces: tuple[str, str] | None = None
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -83,6 +87,9 @@ class RealFleet:
             max_model_len=(spec.num_gpu_blocks - 1) * (spec.block_size or 128)
             if spec.num_gpu_blocks else None,
             start_timeout_s=spec.start_timeout_s, scheduling_policy=spec.scheduling_policy,
+            otlp_traces=spec.otlp_traces,
+            # spans exported twice a second, not every 5 s: the run's are in before it ends
+            extra_env={"OTEL_BSP_SCHEDULE_DELAY": "500"} if spec.otlp_traces else {},
         )  # fmt: skip
         self.fleet: VllmFleet | TieredFleet = (
             TieredFleet(TieredConfig(self.cfg, **tiered_args)) if tiered else VllmFleet(self.cfg)
@@ -178,7 +185,10 @@ class RealFleet:
 
 @contextlib.asynccontextmanager
 async def real_fleet_with_gateway(
-    spec: RealFleetSpec, gateway: str | None, keep_logs: Path | None = None
+    spec: RealFleetSpec,
+    gateway: str | None,
+    keep_logs: Path | None = None,
+    warmgate_env: Mapping[str, str] | None = None,
 ) -> Any:
     """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None)."""
     # short path: ipc:// socket paths must fit in 107 bytes
@@ -191,5 +201,5 @@ async def real_fleet_with_gateway(
             spec, workdir, tiered=tiered, load=spec.tier_load, lookup=spec.tier_lookup
         )
     )
-    async with gateway_in_front(fleet, gateway, workdir, keep_logs) as pair:
+    async with gateway_in_front(fleet, gateway, workdir, keep_logs, warmgate_env) as pair:
         yield pair

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -86,6 +87,8 @@ class RequestRecord:
     # the POST /v1/warm sent ahead of it (replay's `warms`): its status and, when 200, the
     # answer's instance, source, prompt/cached/warmed tokens and ms; None when none was sent
     warm: dict[str, Any] | None = None
+    # the W3C trace id of the `traceparent` it was sent with (replay's `trace`), else None
+    trace_id: str | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -236,12 +239,20 @@ async def send_warm(
         record.warm |= {k: answer.get(k) for k in keys}
 
 
-def _priority_headers(
-    headers: Mapping[str, str] | None, item: ReplayItem, send_priority: bool
+def _request_headers(
+    headers: Mapping[str, str] | None,
+    item: ReplayItem,
+    send_priority: bool,
+    record: RequestRecord,
+    trace: bool,
 ) -> Mapping[str, str] | None:
-    if not send_priority or item.priority is None:
-        return headers
-    return {**(headers or {}), "x-warmgate-priority": item.priority}
+    extra: dict[str, str] = {}
+    if send_priority and item.priority is not None:
+        extra["x-warmgate-priority"] = item.priority
+    if trace:  # a sampled trace of its own, as a traced client would send
+        record.trace_id = secrets.token_hex(16)
+        extra["traceparent"] = f"00-{record.trace_id}-{secrets.token_hex(8)}-01"
+    return {**(headers or {}), **extra} if extra else headers
 
 
 class Progress:
@@ -289,6 +300,7 @@ async def replay(
     body_extra: Mapping[str, Any] | None = None,
     warms: bool = False,
     send_priority: bool = False,
+    trace: bool = False,
 ) -> list[RequestRecord]:
     """Replay `items` against `base_url` (ending in `/v1`); one record per item, in order.
 
@@ -301,7 +313,9 @@ async def replay(
     With `warms`, an item with a session and `warm_lead_s` first has its context warmed
     (POST /v1/warm, warmgate's) that much earlier (compressed as arrivals are), whether or
     not the session's previous turn has ended; with `send_priority`, an item's priority
-    class goes in `x-warmgate-priority` (gateways without them ignore the header)."""
+    class goes in `x-warmgate-priority` (gateways without them ignore the header). With
+    `trace`, every request carries a `traceparent` of its own (sampled), its trace id in
+    the record (`bench.tail_breakdown` finds its spans by it)."""
     if compress <= 0 or concurrency <= 0:
         raise ValueError("compress and concurrency must be positive")
     url = base_url.rstrip("/") + "/chat/completions"
@@ -342,7 +356,7 @@ async def replay(
                         build_body(items[i], model, body_extra),
                         rec,
                         instance_by_url=by_url,
-                        headers=_priority_headers(headers, items[i], send_priority),
+                        headers=_request_headers(headers, items[i], send_priority, rec, trace),
                     )
             finally:
                 done.set()
