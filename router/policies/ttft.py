@@ -2,10 +2,10 @@
 predicted to be lowest, counting what that choice costs the requests after it, but never
 on predictions it has not earned the right to trust.
 
-The rule (issue 24, item 2): while the policy's own prediction error is high, it chooses as
-`prefix` would (the SGLang cache-aware baseline): it falls back to prefix's choice. It earns
-the right to trade cache for queue only as its error falls, one instance at a time, and
-even then adds at most a bounded wait over prefix's choice. The guard that applies the
+The rule (issue 24, item 2): it chooses as `prefix` would (the SGLang cache-aware
+baseline) unless its own choice wins by more than its own prediction error could undo, one
+instance at a time, and never makes a request wait longer than prefix's choice is
+predicted to. The guard that applies the
 rule (error tracking, trust, the deferral cap) is router/policies/ttft_guard.py, whose
 docstring states it step by step. What makes the error fall fast is calibration: every
 paired outcome (`observe`), and before any routed request the instance's join probe
@@ -152,7 +152,8 @@ class TtftPolicy(Policy):
         trust_min_observations: int = 20,
         error_alpha: float = 0.1,
         max_added_wait_s: float = 1.0,
-        guard_rule: GuardRule = "trust",
+        robust_added_wait_s: float = 0.0,
+        guard_rule: GuardRule = "robust",
     ) -> None:
         if tie_rel < 0 or tie_abs_s < 0:
             raise PolicyConfigError("tie tolerances must be >= 0")
@@ -188,6 +189,7 @@ class TtftPolicy(Policy):
             trust_min_observations=trust_min_observations,
             error_alpha=error_alpha,
             max_added_wait_s=max_added_wait_s,
+            robust_added_wait_s=robust_added_wait_s,
             rule=guard_rule,
         )
 

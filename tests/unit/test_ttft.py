@@ -64,6 +64,7 @@ UNGUARDED: dict[str, object] = {
     "trust_min_observations": 0,
     "trust_error": math.inf,
     "max_added_wait_s": math.inf,
+    "guard_rule": "trust",  # the rule that these three turn off
 }
 
 

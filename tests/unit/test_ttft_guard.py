@@ -13,6 +13,7 @@ from contracts.tiers import Tier
 from router.policies.base import InstanceView, Outcome
 from router.policies.prefix import PrefixPolicy
 from router.policies.ttft import TtftPolicy
+from router.policies.ttft_guard import GuardRule
 from router.policies.ttft_records import Pending
 from router.types import RouteRequest
 
@@ -67,12 +68,15 @@ def _observe(policy: TtftPolicy, times: int, *, off_by: float) -> None:
 
 def test_the_scenario_splits_prefix_and_the_scoring() -> None:
     assert PrefixPolicy().choose(_req(), QUEUED).instance == "b"
-    free = TtftPolicy(clock=Clock(), trust_min_observations=0, max_added_wait_s=math.inf)
+    free = TtftPolicy(
+        clock=Clock(), guard_rule="trust", trust_min_observations=0, max_added_wait_s=math.inf
+    )
     assert free.choose(_req(), QUEUED).instance == "a"
 
 
-def test_follows_prefix_before_it_has_enough_outcomes() -> None:
-    policy = TtftPolicy(clock=Clock(), trust_min_observations=20)
+@pytest.mark.parametrize("rule", ["trust", "robust"])
+def test_follows_prefix_before_it_has_enough_outcomes(rule: GuardRule) -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, guard_rule=rule)
     assert policy.trust("a") == 0.0
     d = policy.choose(_req(), QUEUED)
     assert d.instance == "b"
@@ -82,8 +86,9 @@ def test_follows_prefix_before_it_has_enough_outcomes() -> None:
     assert policy.choose(_req(), QUEUED).instance == "b"
 
 
-def test_switches_to_its_own_choice_once_its_error_is_low() -> None:
-    policy = TtftPolicy(clock=Clock(), trust_min_observations=20)
+@pytest.mark.parametrize("rule", ["trust", "robust"])
+def test_switches_to_its_own_choice_once_its_error_is_low(rule: GuardRule) -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, guard_rule=rule)
     _observe(policy, 20, off_by=1.0)
     assert policy.trust("a") > 0.5 and policy.trust("b") > 0.5
     assert policy.choose(_req(), QUEUED).instance == "a"
@@ -91,7 +96,9 @@ def test_switches_to_its_own_choice_once_its_error_is_low() -> None:
 
 
 def test_follows_prefix_while_its_error_is_high() -> None:
-    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, trust_error=0.3)
+    policy = TtftPolicy(
+        clock=Clock(), guard_rule="trust", trust_min_observations=20, trust_error=0.3
+    )
     _observe(policy, 40, off_by=2.0)  # |log 2| = 0.69 > 0.3
     assert policy.trust("a") == 0.0
     assert policy.choose(_req(), QUEUED).instance == "b"
@@ -104,7 +111,7 @@ STALLS = [_view("a", l1=100, in_flight=12), _view("b")]
 
 def test_the_deferral_cap_bounds_the_wait_added_over_prefix() -> None:
     assert PrefixPolicy().choose(_req(), STALLS).instance == "a"
-    trusted = {"trust_min_observations": 0}
+    trusted = {"trust_min_observations": 0, "guard_rule": "trust"}
     wide = TtftPolicy(clock=Clock(), max_added_wait_s=3.0, **trusted)  # type: ignore[arg-type]
     d = wide.choose(_req(), STALLS)
     assert d.instance == "b"
@@ -115,6 +122,21 @@ def test_the_deferral_cap_bounds_the_wait_added_over_prefix() -> None:
     d = capped.choose(_req(), STALLS)
     assert d.instance == "a"
     assert "guarded" in d.reason
+
+
+def test_the_robust_rule_never_adds_wait_to_the_request_itself() -> None:
+    """The default rule: the scoring's b is 1-3 s slower for the request than prefix's a
+    (it spares a's 12 streams); with exact predictions b is robustly better, but a
+    deviation may add at most `robust_added_wait_s` (0) to the request's own TTFT."""
+    trusted = {"trust_min_observations": 0}
+    policy = TtftPolicy(clock=Clock(), **trusted)  # type: ignore[arg-type]
+    assert policy.guard.rule == "robust"
+    d = policy.choose(_req(), STALLS)
+    assert d.instance == "a" and "guarded" in d.reason
+    allowed = TtftPolicy(clock=Clock(), robust_added_wait_s=3.0, **trusted)  # type: ignore[arg-type]
+    assert allowed.choose(_req(), STALLS).instance == "b"
+    with pytest.raises(ValueError):
+        TtftPolicy(robust_added_wait_s=-0.1)
 
 
 def test_the_guard_is_typed_and_checked() -> None:
