@@ -88,6 +88,40 @@ class ConnectorTracing:
             span.set_status(Status(StatusCode.ERROR, f"{name} failed"))
         span.end(end_time=end_ns)
 
+    def load(
+        self, carrier: Carrier | None, started_ns: int, mode: str, blocks: int, failed: int
+    ) -> None:
+        """A load of `blocks` that just ended, `failed` of them not loaded."""
+        self.record(
+            "tierd load",
+            carrier,
+            started_ns,
+            now_ns(),
+            {"tierd.load.mode": mode, "tierd.blocks": blocks, "tierd.failed_blocks": failed},
+            failed=failed > 0,
+        )
+
+    def saves(
+        self,
+        traces: list[tuple[Carrier, int]],
+        started_ns: int,
+        mode: str,
+        step_blocks: int,
+        failed: bool,
+    ) -> None:
+        """Each traced request's part of a step's save that just copied its blocks out
+        (the commit to tierd is one-way and follows): (carrier, its blocks) in `traces`."""
+        ended = now_ns()
+        for carrier, blocks in traces:
+            self.record(
+                "tierd save",
+                carrier,
+                started_ns,
+                ended,
+                {"tierd.save.mode": mode, "tierd.blocks": blocks, "tierd.step_blocks": step_blocks},
+                failed=failed,
+            )
+
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()  # exports what is left

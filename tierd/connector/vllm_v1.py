@@ -348,30 +348,12 @@ class TierdConnector(KVConnectorBase_V1):
             else:
                 failed = self.mover.load(pairs)
                 self._errors |= failed
-                self.tracing.record(
-                    "tierd load",
-                    carrier,
-                    started,
-                    now_ns(),
-                    {
-                        "tierd.load.mode": "sync",
-                        "tierd.blocks": len(pairs),
-                        "tierd.failed_blocks": len(failed),
-                    },
-                    failed=bool(failed),
-                )
+                self.tracing.load(carrier, started, "sync", len(pairs), len(failed))
 
     def _traced_load(self, carrier: Carrier, started: int, blocks: int) -> Any:
         def done(fut: Future[set[int]]) -> None:  # on the load thread, as the copy ends
             failed = len(fut.result()) if fut.exception() is None else blocks
-            self.tracing.record(
-                "tierd load",
-                carrier,
-                started,
-                now_ns(),
-                {"tierd.load.mode": "async", "tierd.blocks": blocks, "tierd.failed_blocks": failed},
-                failed=failed > 0,
-            )
+            self.tracing.load(carrier, started, "async", blocks, failed)
 
         return done
 
@@ -394,33 +376,15 @@ class TierdConnector(KVConnectorBase_V1):
         if self.saver is not None and self.mover is not None:
             fut = self.saver.submit(meta.saves, self.block_size, self.mover.current_stream())
             if fut is not None and meta.save_traces:
-                fut.add_done_callback(self._traced_saves(meta, started, "async"))
+                traces, step = meta.save_traces, len(meta.saves)
+                fut.add_done_callback(
+                    lambda f: self.tracing.saves(
+                        traces, started, "async", step, f.exception() is not None
+                    )
+                )
         elif self.mover is not None and meta.saves:
             self.mover.save(meta.saves, self.block_size)
-            self._traced_saves(meta, started, "sync")(None)
-
-    def _traced_saves(self, meta: TierdConnectorMeta, started: int, mode: str) -> Any:
-        """Each traced request's part of this step's save: from the hand-off until its
-        blocks are copied out (the commit to tierd is one-way and follows)."""
-
-        def done(fut: Future[None] | None) -> None:
-            failed = fut is not None and fut.exception() is not None
-            ended = now_ns()
-            for carrier, blocks in meta.save_traces:
-                self.tracing.record(
-                    "tierd save",
-                    carrier,
-                    started,
-                    ended,
-                    {
-                        "tierd.save.mode": mode,
-                        "tierd.blocks": blocks,
-                        "tierd.step_blocks": len(meta.saves),
-                    },
-                    failed=failed,
-                )
-
-        return done
+            self.tracing.saves(meta.save_traces, started, "sync", len(meta.saves), False)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.mover is not None:
