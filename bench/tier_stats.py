@@ -25,7 +25,7 @@ from gateway.launch.tiered import TieredFleet
 SUMMED = (
     "loaded_blocks", "load_failed_blocks", "load_us", "saved_blocks", "save_us",
     "save_wait_us", "save_waits", "save_skipped_blocks", "lookups", "lookup_hit_blocks",
-    "lookups_deferred",
+    "lookups_deferred", "lookups_reused",
 )  # fmt: skip
 TIERS_NOTE = (
     "From each tierd and each engine's connector at the end of the replay. Prefetch on "
@@ -63,6 +63,7 @@ def _collect(fleet: TieredFleet) -> dict[str, Any]:
         "save_ms_per_block": round(conn["save_us"] / saved / 1000, 3) if saved else None,
         "save_wait_ms_per_block": round(conn["save_wait_us"] / saved / 1000, 3) if saved else None,
         "tierd_lookups": conn["lookups"],
+        "tierd_lookups_reused": conn["lookups_reused"],
         "lookup_rtt_p50_us_worst_engine": max(rtt_p50) if rtt_p50 else None,
     }
 

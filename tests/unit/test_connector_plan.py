@@ -106,3 +106,22 @@ def test_load_pairs_and_hit_sources() -> None:
     assert P.load_pairs(plan, [9, 8, 7, 6, 5], [0, 1, 2, 3, 4], 3) == [(8, 1), (7, 2), (6, 3)]
     assert P.hit_sources(plan, 384, 128) == {"host": 128, "disk": 256}
     assert P.hit_sources(plan, 100, 128) == {"host": 100}
+
+
+def test_a_waiting_requests_lookup_is_reused_only_for_its_window_and_while_fresh() -> None:
+    memo = P.LookupMemo(0.5)
+    memo.put("r", P.LookupAnswer((2, 9), 5, {"GPU": 5}, asked_at_s=10.0))
+    assert memo.get("r", (2, 9), 10.4) == P.LookupAnswer((2, 9), 5, {"GPU": 5}, 10.0)
+    assert memo.get("r", (2, 9), 10.5) is None  # stale: ask tierd again
+    assert memo.get("r", (3, 9), 10.1) is None  # vLLM's own cache moved: another window
+    assert memo.get("other", (2, 9), 10.1) is None
+    memo.drop("r")
+    assert memo.get("r", (2, 9), 10.1) is None and len(memo) == 0
+
+
+def test_no_lookup_reuse_asks_every_time_and_a_negative_one_is_refused() -> None:
+    memo = P.LookupMemo(0)
+    memo.put("r", P.LookupAnswer((0, 4), 4, {}, asked_at_s=1.0))
+    assert memo.get("r", (0, 4), 1.0) is None and len(memo) == 0
+    with pytest.raises(P.LookupReuseError, match=">= 0"):
+        P.LookupMemo(-1)

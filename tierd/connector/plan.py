@@ -8,6 +8,9 @@ key space. Only full blocks travel; the hit leaves at least one prompt token to 
 
 - Lookup: from the first block vLLM's own prefix cache lacks, up to the cap, tierd says
   how long a run it holds; that run is loaded.
+- A request that waits (its blocks do not fit yet) is asked about again on each scheduler
+  step; tierd's answer for the same window is reused for a short while instead of another
+  round trip on the scheduler loop (`LookupMemo`).
 - Saves: a block is saved in the step that completes it (prefill chunks and decode
   alike), unless it was already computed before this request (a local or external hit).
 """
@@ -17,9 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from contracts.errors import ConfigurationError
 from contracts.slices import normalize as block_key  # the slice-key rule's one owner
 
 __all__ = ["block_key"]
+
+
+class LookupReuseError(ConfigurationError, ValueError):
+    """The connector's `lookup_reuse_ms` is negative."""
 
 
 @dataclass
@@ -41,6 +49,47 @@ def lookup_window(num_tokens: int, num_computed: int, block_size: int) -> tuple[
     stop = max(0, (num_tokens - 1) // block_size)
     start = num_computed // block_size
     return start, max(start, stop)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupAnswer:
+    """tierd's answer for one request's lookup window."""
+
+    window: tuple[int, int]
+    blocks: int  # the leading run of the window tierd holds
+    tiers: dict[str, int]
+    asked_at_s: float
+
+
+class LookupMemo:
+    """The last answer per request, reused for the same window within `reuse_s`.
+
+    Why a short reuse is safe: an answer goes stale only when tierd gains blocks of the
+    window meanwhile (another engine saved them: those are computed instead, as they would
+    have been a moment earlier) or loses some (the load reports them failed and vLLM
+    recomputes them). `reuse_s` = 0 asks every time."""
+
+    def __init__(self, reuse_s: float) -> None:
+        if reuse_s < 0:
+            raise LookupReuseError(f"lookup reuse must be >= 0 s, got {reuse_s}")
+        self.reuse_s = reuse_s
+        self._answers: dict[str, LookupAnswer] = {}
+
+    def get(self, req_id: str, window: tuple[int, int], now_s: float) -> LookupAnswer | None:
+        answer = self._answers.get(req_id)
+        if answer is None or answer.window != window or now_s - answer.asked_at_s >= self.reuse_s:
+            return None
+        return answer
+
+    def put(self, req_id: str, answer: LookupAnswer) -> None:
+        if self.reuse_s > 0:
+            self._answers[req_id] = answer
+
+    def drop(self, req_id: str) -> None:
+        self._answers.pop(req_id, None)
+
+    def __len__(self) -> int:
+        return len(self._answers)
 
 
 def load_pairs(

@@ -13,6 +13,8 @@ failure — a slice missing, corrupt, or tierd gone — is reported as failed bl
 Extra config: ``socket`` (tierd's KV socket, required), ``load`` (``sync`` | ``async``),
 ``lookup`` (``sync``: one blocking round trip on the scheduler loop; ``async``: in a thread,
 answering vLLM "not yet" (None) until it is back, so a slow tierd never stalls the loop),
+``lookup_reuse_ms`` (500: a waiting request asked about again within it gets the same
+answer without a round trip; 0 asks every time),
 ``save`` (``async``, the default: `tierd.connector.saver`, off the critical path;
 ``sync``: in `wait_for_save`), ``stats_dir`` (JSON counters: ``scheduler-<pid>.json``,
 ``worker-<pid>.json``),
@@ -123,6 +125,7 @@ class TierdConnector(KVConnectorBase_V1):
         self._lookup_pool: ThreadPoolExecutor | None = None
         if async_lookup and role == KVConnectorRole.SCHEDULER:
             self._lookup_pool = ThreadPoolExecutor(1, thread_name_prefix="tierd-lookup")
+        self._memo = P.LookupMemo(float(extra.get("lookup_reuse_ms", 500)) / 1000)
         self._lookups: dict[
             str, tuple[tuple[int, int], int, Future[tuple[int, dict[str, int]]]]
         ] = {}  # rid -> (window, asked at ns, answer)
@@ -160,14 +163,20 @@ class TierdConnector(KVConnectorBase_V1):
         self._plans[rid] = plan
         if stop <= start or request.skip_reading_prefix_cache:
             return 0, False
+        window = (start, stop)
+        known = self._memo.get(rid, window, time.monotonic())
+        if known is not None:  # asked again while it waits: no second round trip
+            self.counters["lookups_reused"] += 1
+            plan.ext_blocks, plan.tiers = known.blocks, known.tiers
+            return known.blocks * self.block_size, self.async_load and known.blocks > 0
         if self._lookup_pool is None:
             asked_ns = now_ns()
             n, tiers = self._lookup(keys[start:stop])
         else:  # off the scheduler loop: vLLM asks again next step while we return None
             pending = self._lookups.get(rid)
-            if pending is None or pending[0] != (start, stop):
+            if pending is None or pending[0] != window:
                 fut = self._lookup_pool.submit(self._lookup, keys[start:stop])
-                self._lookups[rid] = ((start, stop), now_ns(), fut)
+                self._lookups[rid] = (window, now_ns(), fut)
                 self.counters["lookups_deferred"] += 1
                 return None, False
             if not pending[2].done():
@@ -176,6 +185,7 @@ class TierdConnector(KVConnectorBase_V1):
             asked_ns = pending[1]
             n, tiers = pending[2].result()
         plan.ext_blocks, plan.tiers = n, tiers
+        self._memo.put(rid, P.LookupAnswer(window, n, tiers, time.monotonic()))
         self.tracing.record(
             "tierd lookup",
             self.tracing.carrier_of(request.trace_headers),
@@ -290,6 +300,7 @@ class TierdConnector(KVConnectorBase_V1):
         rid = request.request_id
         for d in (self._reqs, self._plans, self._keys, self._pending, self._lookups):
             d.pop(rid, None)
+        self._memo.drop(rid)
         return False, None
 
     def _write_stats(self) -> None:
