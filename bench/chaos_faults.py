@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from bench.sim_fleet import Proc, SimFleet
+from bench.procs import Proc
+from bench.sim_fleet import SimFleet
 
 
 @dataclass

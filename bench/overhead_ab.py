@@ -55,11 +55,11 @@ from bench.peers import (
     Fleet,
     FleetSpec,
     Gateway,
-    Proc,
     free_port,
     peer_missing,
     start_gateway,
 )
+from bench.procs import Proc
 from bench.report import machine
 
 TRANSPORTS = ("h1pool", "aiohttp", "httpx")
@@ -141,7 +141,7 @@ async def measure_round(
         for transport in order:
             gw = gateways[transport]
             url = gw.base_url + "/chat/completions"
-            pid = gw.proc.proc.pid
+            pid = gw.proc.pid
             out[transport] = {}
             for mode in MODES:
                 stream = mode == "stream"
@@ -283,7 +283,7 @@ async def profile(gw: Gateway, model: str, seconds: float, out: Path) -> None:
     sample count last; flamegraph.pl or speedscope read it)."""
     spy = Path(sys.executable).with_name("py-spy")
     path = out.with_name(out.name + "-py-spy.txt")
-    args = ["record", "--pid", str(gw.proc.proc.pid), "--native", "--rate", "250"]
+    args = ["record", "--pid", str(gw.proc.pid), "--native", "--rate", "250"]
     args += ["--duration", f"{seconds:g}", "--format", "raw", "-o", str(path)]
     quiet = asyncio.subprocess.DEVNULL
     proc = await asyncio.create_subprocess_exec(str(spy), *args, stdout=quiet, stderr=quiet)

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from gateway.launch.process import ProcessTree, wait_http
+from bench.procs import Proc
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
@@ -147,34 +147,6 @@ def dynamo_missing(python: Path) -> str:
     return "dynamo.vllm imports, but bench.peers has no launcher for Dynamo's frontend + worker"
 
 
-class Proc:
-    """A child process (`gateway.launch.process.ProcessTree`: a session of its own, its
-    whole tree stopped), its output in a log file."""
-
-    def __init__(self, name: str, args: Sequence[str], log: Path, env: dict[str, str]) -> None:
-        self.name, self.args, self.log_path = name, list(args), log
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        self.tree = ProcessTree.start(name, self.args, log, env=full_env)
-        self.proc = self.tree.proc
-
-    def tail(self, n: int = 30) -> str:
-        return self.tree.tail(n)
-
-    @classmethod
-    async def spawn(
-        cls, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None
-    ) -> Proc:
-        """Start the process off the event loop (fork/exec and the log file's open)."""
-        return await asyncio.to_thread(cls, name, args, log, env or {})
-
-    async def wait_http(self, url: str, timeout_s: float = 60.0, expect: int = 200) -> None:
-        """Poll `url` until it answers `expect`; raise with the log's tail if it never does."""
-        await asyncio.to_thread(wait_http, self.tree, url, timeout_s, expect)
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        await asyncio.to_thread(self.tree.stop, timeout_s)
-
-
 @dataclass(frozen=True, slots=True)
 class FleetSpec:
     """How to start the engines; identical for every gateway of a comparison."""
@@ -263,7 +235,7 @@ class Fleet:
         await asyncio.gather(*engine_waits)
 
     async def stop(self) -> None:
-        await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
+        await asyncio.gather(*(p.stop_async() for p in self.procs), return_exceptions=True)
 
     @property
     def model(self) -> str:
@@ -284,7 +256,7 @@ class Gateway:
     api_key: str | None = None
 
     async def stop(self) -> None:
-        await self.proc.stop()
+        await self.proc.stop_async()
 
 
 def warmgate_config(fleet: Fleet, policy: str, port: int) -> dict[str, Any]:

@@ -1,19 +1,15 @@
 """Processes for the fault and soak benchmarks: simulated engines, tierds, Redis and gateway
-replicas on loopback, each a `gateway.launch.process.ProcessTree` (its own process group, so a
-signal reaches exactly one part), each logging to a file in the run directory, all stopped for
-sure at the end."""
+replicas on loopback, each a `bench.procs.Proc` (a `gateway.launch.process.ProcessTree`: its
+own process group, so a signal reaches exactly one part; restartable from the same recipe),
+each logging to a file in the run directory, all stopped for sure at the end."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +17,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.launch.process import ProcessTree
+from bench.procs import Proc
 from gateway.launch.process import wait_http as process_wait_http
 
 MODEL = "sim-qwen2.5-32b"
@@ -32,54 +28,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-class Proc:
-    """One restartable child: a `gateway.launch.process.ProcessTree` (a session of its own, so
-    a signal reaches exactly this part, and its whole tree stopped), started again from the
-    same argv and environment by `start()`."""
-
-    def __init__(
-        self, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None
-    ):
-        self.name = name
-        self.args = list(args)
-        self.log_path = log
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.tree: ProcessTree | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.tree = ProcessTree.start(self.name, self.args, self.log_path, env=self.env)
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.tree.proc if self.tree is not None else None
-
-    @property
-    def pid(self) -> int:
-        assert self.tree is not None
-        return self.tree.pid
-
-    def alive(self) -> bool:
-        return self.tree is not None and self.tree.alive()
-
-    def signal(self, sig: int) -> None:
-        """Signal the child's process group (SIGSTOP / SIGCONT: a frozen part)."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, sig)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.tree is None:
-            return
-        self.signal(signal.SIGCONT)  # a stopped tree cannot act on SIGTERM
-        self.tree.stop(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL the child and its tree now (a crash)."""
-        if self.tree is not None:
-            self.tree.kill_all()
 
 
 def wait_http(url: str, timeout_s: float = 60.0, proc: Proc | None = None) -> None:

@@ -20,6 +20,10 @@
  *   [], len, items), in blockmap.c; the pure-Python twin's new_block_map() returns a
  *   plain dict.
  *
+ * Errors: the same classes as the pure-Python twin, from `router.errors` (looked up at
+ * import): AccelArgumentTypeError (a TypeError) for an argument of the wrong type,
+ * BlockSizeError (a ValueError) for block_chars <= 0.
+ *
  * xxHash is compiled in (XXH_INLINE_ALL, header from libxxhash-dev): no runtime library.
  * The GIL is held throughout: every call takes microseconds.
  */
@@ -27,6 +31,10 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+/* router.errors' classes (strong references, taken at module init) */
+PyObject *accel_ArgumentTypeError = NULL;
+static PyObject *accel_BlockSizeError = NULL;
 
 static PyObject *
 accel_hash_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -39,12 +47,12 @@ accel_hash_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *seed_obj = args[1], *size_obj = args[2];
     if (!PyLong_Check(seed_obj)) {
-        PyErr_Format(PyExc_TypeError, "seed must be an int, not %.100s",
+        PyErr_Format(accel_ArgumentTypeError, "seed must be an int, not %.100s",
                      Py_TYPE(seed_obj)->tp_name);
         return NULL;
     }
     if (!PyLong_Check(size_obj)) {
-        PyErr_Format(PyExc_TypeError, "block_chars must be an int, not %.100s",
+        PyErr_Format(accel_ArgumentTypeError, "block_chars must be an int, not %.100s",
                      Py_TYPE(size_obj)->tp_name);
         return NULL;
     }
@@ -56,7 +64,7 @@ accel_hash_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (block == -1 && PyErr_Occurred())
         return NULL;
     if (block <= 0) {
-        PyErr_SetString(PyExc_ValueError, "block_chars must be positive");
+        PyErr_SetString(accel_BlockSizeError, "block_chars must be positive");
         return NULL;
     }
 
@@ -261,7 +269,7 @@ accel_lookup_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *blocks = args[0];
     int is_map = Py_IS_TYPE(blocks, &BlockMapType);
     if (!is_map && !PyDict_Check(blocks)) {
-        PyErr_Format(PyExc_TypeError, "blocks must be a BlockMap or a dict, not %.100s",
+        PyErr_Format(accel_ArgumentTypeError, "blocks must be a BlockMap or a dict, not %.100s",
                      Py_TYPE(blocks)->tp_name);
         return NULL;
     }
@@ -314,9 +322,34 @@ static struct PyModuleDef accel_module = {
     .m_methods = accel_methods,
 };
 
+/* A class of router.errors, as a new reference; NULL (raised) when it is missing. */
+static PyObject *
+error_class(PyObject *errors, const char *name)
+{
+    PyObject *cls = PyObject_GetAttrString(errors, name);
+    if (cls != NULL && !PyExceptionClass_Check(cls)) {
+        PyErr_Format(PyExc_ImportError, "router.errors.%s is not an exception class", name);
+        Py_CLEAR(cls);
+    }
+    return cls;
+}
+
 PyMODINIT_FUNC
 PyInit__accel(void)
 {
+    if (accel_ArgumentTypeError == NULL) {
+        PyObject *errors = PyImport_ImportModule("router.errors");
+        if (errors == NULL)
+            return NULL;
+        accel_ArgumentTypeError = error_class(errors, "AccelArgumentTypeError");
+        accel_BlockSizeError = error_class(errors, "BlockSizeError");
+        Py_DECREF(errors);
+        if (accel_ArgumentTypeError == NULL || accel_BlockSizeError == NULL) {
+            Py_CLEAR(accel_ArgumentTypeError);
+            Py_CLEAR(accel_BlockSizeError);
+            return NULL;
+        }
+    }
     PyObject *m = PyModule_Create(&accel_module);
     if (m == NULL)
         return NULL;

@@ -12,18 +12,19 @@ IMPLEMENTATION: Final[Literal["c", "python"]]
 
 def hash_blocks(data: Buffer, seed: int, block_chars: int, /) -> list[int]:
     """Chained xxh3-64 hashes of every full `block_chars`-byte block of `data`:
-    h_i = xxh3_64(block_i, seed=h_{i-1}) from h_{-1} = seed. TypeError for a non-buffer or a
-    non-int argument, OverflowError for a seed outside [0, 2**64), ValueError for
-    block_chars <= 0."""
+    h_i = xxh3_64(block_i, seed=h_{i-1}) from h_{-1} = seed. TypeError for a non-buffer
+    (`router.errors.AccelArgumentTypeError`, a TypeError, for a non-int argument),
+    OverflowError for a seed outside [0, 2**64), `router.errors.BlockSizeError` (a
+    ValueError) for block_chars <= 0."""
 
 @final
 class BlockMap:
     """u64 key -> int value, a dict stand-in for the prefix index's block table (C only):
     open addressing in one flat array, so a lookup costs one cache miss, and `lookup_runs`
     prefetches along a chain. Keys outside [0, 2**64) raise OverflowError, non-int keys and
-    values TypeError (a dict would take them, or read them as a miss). `items()` is an
-    iterator that raises RuntimeError if entries come or go under it. Not GC-tracked (its
-    values are ints)."""
+    values `router.errors.AccelArgumentTypeError`, a TypeError (a dict would take them, or
+    read them as a miss). `items()` is an iterator that raises RuntimeError if entries come
+    or go under it. Not GC-tracked (its values are ints)."""
 
     def __init__(self) -> None: ...
     def __len__(self) -> int: ...

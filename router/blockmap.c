@@ -8,7 +8,7 @@ check_value(PyObject *value)
 {
     if (PyLong_CheckExact(value))
         return 0;
-    PyErr_Format(PyExc_TypeError, "BlockMap values must be ints, not %.100s",
+    PyErr_Format(accel_ArgumentTypeError, "BlockMap values must be ints, not %.100s",
                  Py_TYPE(value)->tp_name);
     return -1;
 }

@@ -17,13 +17,14 @@
  * ends at the first empty slot and pops never slow later lookups. It never shrinks (a dict
  * does not either, until it next grows).
  *
- * Keys: ints in [0, 2**64); anything else raises (TypeError, OverflowError) rather than
- * reading as a miss, as a dict would: it could only be a caller's bug.
- * Values: exact ints, held as strong references (TypeError for anything else). That is all
- * the index stores, and it is why the type is not GC-tracked: an int refers to nothing, so
- * no reference cycle can pass through a BlockMap. It also means comparing two values runs
- * no Python code; the walk still rereads the slot array after anything that allocates (a
- * collection may run finalizers, and one could change the map).
+ * Keys: ints in [0, 2**64); anything else raises (router.errors.AccelArgumentTypeError, a
+ * TypeError, or OverflowError) rather than reading as a miss, as a dict would: it could
+ * only be a caller's bug.
+ * Values: exact ints, held as strong references (AccelArgumentTypeError for anything
+ * else). That is all the index stores, and it is why the type is not GC-tracked: an int
+ * refers to nothing, so no reference cycle can pass through a BlockMap. It also means
+ * comparing two values runs no Python code; the walk still rereads the slot array after
+ * anything that allocates (a collection may run finalizers, and one could change the map).
  *
  * The slot array comes from PyMem_Calloc, which tracemalloc traces (bench router's
  * bytes_per_entry counts it); __sizeof__ reports it.
@@ -49,6 +50,8 @@ typedef struct {
 } BlockMap;
 
 extern PyTypeObject BlockMapType;
+/* router.errors.AccelArgumentTypeError (a TypeError), set at module init (_accel.c) */
+extern PyObject *accel_ArgumentTypeError;
 extern PyTypeObject BlockMapItemsType;
 
 #define BM_MIN_CAPACITY 8

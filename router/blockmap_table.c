@@ -130,7 +130,7 @@ int
 bm_key(PyObject *obj, uint64_t *key)
 {
     if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "BlockMap keys must be ints, not %.100s",
+        PyErr_Format(accel_ArgumentTypeError, "BlockMap keys must be ints, not %.100s",
                      Py_TYPE(obj)->tp_name);
         return -1;
     }

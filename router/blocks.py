@@ -28,16 +28,12 @@ from typing import Any
 
 import xxhash
 
-from contracts.errors import ConfigurationError
 from router import accel
+from router.errors import BlockSizeError as BlockSizeError  # where router._accel finds it
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text with BPE tokenizers
 DEFAULT_BLOCK_TOKENS = 64
 DEFAULT_BLOCK_CHARS = DEFAULT_BLOCK_TOKENS * CHARS_PER_TOKEN
-
-
-class BlockSizeError(ConfigurationError, ValueError):
-    """A block size that is not positive."""
 
 
 def chain_seed(model: str, cache_salt: str | None = None) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts.errors import ConfigurationError
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
 
 GIB = 1024**3
@@ -141,10 +142,14 @@ PROFILES: dict[str, Profile] = {
 DEFAULT_PROFILE = "qwen2.5-32b-h200"
 
 
+class UnknownProfileError(ConfigurationError, ValueError):
+    """A timing profile name that is not in `PROFILES`."""
+
+
 def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(
+        raise UnknownProfileError(
             f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}"
         ) from None

@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import tierd.native as native
+from contracts.errors import UpstreamError
 from tierd import events as ev
 from tierd.daemon import Daemon
 from tierd.settings import TierdSettings
+
+
+class ChainIncompleteError(UpstreamError, RuntimeError):
+    """The daemon under the benchmark did not bring the whole chain back into L1."""
 
 
 async def measure_chain(
@@ -59,12 +64,12 @@ async def measure_chain(
         async def prefetch() -> None:
             out = await d.prefetcher.prefetch(chain, 600.0)
             if out["on_time"] != chain_slices:
-                raise RuntimeError(f"prefetch brought {out} of {chain_slices}")
+                raise ChainIncompleteError(f"prefetch brought {out} of {chain_slices}")
 
         async def sequential() -> None:
             for h in chain:
                 if await d.loader.get(h) is None:
-                    raise RuntimeError(f"slice {h} missing")
+                    raise ChainIncompleteError(f"slice {h} missing")
 
         best: dict[str, float] = {}
         for _ in range(repeat):

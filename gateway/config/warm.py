@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gateway.config.base import StrictModel
+from gateway.config.base import SettingError, StrictModel
 
 PriorityClass = Literal["interactive", "normal", "background"]
 PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "normal", "background")
@@ -75,5 +75,5 @@ class PrioritySettings(StrictModel):
     def _every_class(self) -> PrioritySettings:
         missing = [c for c in PRIORITY_CLASSES if c not in self.levels]
         if missing:
-            raise ValueError(f"priority.levels needs every class; missing {missing}")
+            raise SettingError(f"priority.levels needs every class; missing {missing}")
         return self

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import httpx
 
 from gateway.config.settings import CalibrationSettings
-from gateway.fleet.health import HealthChecker, HealthState
+from gateway.fleet.health import HealthChecker, HealthState, ModelListError
 from gateway.lifetime import Lifetime
 from router.policies.base import CalibrationSample, Policy
 
@@ -150,7 +150,7 @@ class CalibrationProbe:
     async def _measure(self, instance: str, samples: list[CalibrationSample]) -> None:
         models = self._health.models_of(instance)
         if not models:
-            raise ValueError("no model known for the instance")
+            raise ModelListError("no model known for the instance")
         base = self._health.instance_url(instance)
         url = f"{base}/v1/chat/completions"
         limit = await self._max_model_len(base, models[0])

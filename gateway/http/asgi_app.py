@@ -21,12 +21,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from contracts.errors import ConfigurationError
 from gateway.http.middleware import RequestIdMiddleware
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 Middleware = Callable[[ASGIApp], ASGIApp]
+
+
+class MiddlewareOutsideStackError(ConfigurationError, RuntimeError):
+    """A middleware added with `add_middleware` instead of `GatewayApp(stack=...)`."""
 
 
 class GatewayApp(FastAPI):
@@ -43,7 +48,7 @@ class GatewayApp(FastAPI):
         self._outer = outer
 
     def add_middleware(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(
+        raise MiddlewareOutsideStackError(
             "GatewayApp's middleware is its explicit stack (GatewayApp(stack=...) in "
             "create_app): it wraps the fast routes too, which add_middleware would skip"
         )

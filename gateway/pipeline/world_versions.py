@@ -25,6 +25,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from contracts.errors import ConfigurationError
+
 
 @dataclass(frozen=True, slots=True)
 class Bump:
@@ -57,6 +59,10 @@ class _Seen:
     instance: str
 
 
+class VersionWindowError(ConfigurationError, ValueError):
+    """A detector window that is not positive, or fewer than 2 sessions to call a version."""
+
+
 class VersionDetector:
     """See the module docstring. Bounded: `max_blocks` of each chain, `max_entries` blocks and
     `max_sessions` sessions remembered, least recently used forgotten first."""
@@ -71,7 +77,7 @@ class VersionDetector:
         max_sessions: int = 50_000,
     ) -> None:
         if window_s <= 0 or min_sessions < 2:
-            raise ValueError("window_s must be > 0 and min_sessions >= 2")
+            raise VersionWindowError("window_s must be > 0 and min_sessions >= 2")
         self.window_s = window_s
         self.min_sessions = min_sessions
         self.max_blocks = max_blocks

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from router.errors import BlockSizeError
+
 
 def reusable_tokens(
     requests: Iterable[tuple[Sequence[int], int]], block_tokens: int
@@ -21,7 +23,7 @@ def reusable_tokens(
     """(reusable, total) prompt tokens over `(block chain, prompt tokens)` pairs in arrival
     order."""
     if block_tokens <= 0:
-        raise ValueError("block_tokens must be positive")
+        raise BlockSizeError("block_tokens must be positive")
     seen: set[int] = set()
     reusable = total = 0
     for chain, prompt_tokens in requests:

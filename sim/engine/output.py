@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contracts.errors import InputError
+
+
+class OutputStoppedError(InputError, RuntimeError):
+    """A piece appended to an output that a stop string has already ended."""
+
 
 class OutputText:
     def __init__(self, stop: Sequence[str] = ()):
@@ -22,7 +28,7 @@ class OutputText:
     def append(self, piece: str) -> bool:
         """Add a piece; True when a stop string has been completed (the text is cut)."""
         if self.stopped:
-            raise RuntimeError("output already stopped")
+            raise OutputStoppedError("output already stopped")
         start = max(0, len(self.text) - self._longest + 1)
         self.text += piece
         found = -1

@@ -20,12 +20,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from contracts.errors import ConfigurationError
+from contracts.errors import ConfigurationError, InputError
 from sim.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class EngineCacheSizeError(ConfigurationError, ValueError):
     """A simulated engine's KV cache that cannot hold one block of a positive size."""
+
+
+class NoPrivateBlockError(InputError, ValueError):
+    """A block committed for an allocation that has no private block left."""
 
 
 @dataclass
@@ -108,7 +112,7 @@ class PrefixCache:
     ) -> None:
         """A private block of `alloc` is full: name it by its hash."""
         if alloc.private <= 0:
-            raise ValueError("allocation has no private block left to commit")
+            raise NoPrivateBlockError("allocation has no private block left to commit")
         alloc.private -= 1
         self._private -= 1
         if block_hash in self._blocks:

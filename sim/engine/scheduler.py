@@ -28,12 +28,19 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from contracts.errors import InputError
 from sim.engine.block_hash import BlockHasher
 from sim.engine.kv_events import KVEvent
 from sim.engine.metrics import EngineMetrics
 from sim.engine.prefix_cache import PrefixCache
 from sim.engine.sequence import Sequence, StepOutput
 from sim.profiles import Profile
+
+
+class RequestExceedsCacheError(InputError, ValueError):
+    """A request whose prompt and output could never fit in the engine's KV cache (the
+    engine answers it 400, as vLLM does)."""
+
 
 Publish = Callable[[list[KVEvent]], Awaitable[None]]
 OnPrefillDone = Callable[[Sequence], None]
@@ -83,9 +90,10 @@ class Scheduler:
         return math.ceil((seq.prompt_len + seq.target_output_tokens) / self.cache.block_tokens)
 
     def submit(self, seq: Sequence) -> None:
-        """Queue a sequence; ValueError if it could never fit in the KV cache."""
+        """Queue a sequence; RequestExceedsCacheError (a ValueError) if it could never fit in
+        the KV cache."""
         if self.blocks_needed(seq) > self.cache.num_blocks:
-            raise ValueError(
+            raise RequestExceedsCacheError(
                 f"request needs {seq.prompt_len + seq.target_output_tokens} tokens of KV; "
                 f"the cache holds {self.cache.num_blocks * self.cache.block_tokens}"
             )

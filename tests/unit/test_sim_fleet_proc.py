@@ -1,6 +1,8 @@
-"""bench.sim_fleet's processes are `gateway.launch.process.ProcessTree`s: stopping or killing
-one ends its whole tree (a grandchild in a session of its own included), a frozen one stops
-too, and `start()` runs it again from the same recipe. Real processes, no engine."""
+"""The benchmarks' one process class, `bench.procs.Proc` (bench.sim_fleet's and bench.peers'
+children), over `gateway.launch.process.ProcessTree`: stopping or killing one ends its whole
+tree (a grandchild in a session of its own included), a frozen one stops too, `start()` runs
+it again from the same recipe; from asyncio it spawns, waits for its HTTP (raising with its
+log when it exits first) and stops. Real processes, no engine."""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from bench.sim_fleet import Proc
-from gateway.launch.process import ProcessTree, descendants_of
+import pytest
+
+from bench.procs import Proc
+from bench.sim_fleet import free_port
+from gateway.launch.process import ChildFailedError, ProcessTree, descendants_of
 
 # a leader whose child forks a grandchild that moves to a session of its own
 TREE = textwrap.dedent(
@@ -67,3 +72,46 @@ def test_stop_and_kill_end_the_whole_tree_and_start_runs_it_again(tmp_path: Path
         assert not proc.alive() and _gone(second)
     finally:
         proc.stop(timeout_s=2)
+
+
+# an HTTP child that answers 200 on every GET and prints its port's readiness to its log
+SERVER = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+    print("serving", flush=True)
+    server.serve_forever()
+    """
+)
+
+
+async def test_the_async_side_spawns_waits_for_http_tails_and_stops(tmp_path: Path) -> None:
+    """bench.peers' use: spawn off the loop, wait for the child's HTTP, read its log, stop."""
+    port = free_port()
+    args = [sys.executable, "-c", SERVER, str(port)]
+    proc = await Proc.spawn("server", args, tmp_path / "server.log", {"EXTRA": "1"})
+    try:
+        assert proc.env["EXTRA"] == "1" and proc.env["PYTHONUNBUFFERED"] == "1"
+        await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=30)
+        assert "serving" in proc.tail()
+        pid = proc.pid
+        await proc.stop_async(timeout_s=5)
+        assert not proc.alive() and _gone([pid])
+    finally:
+        proc.stop(timeout_s=2)
+
+
+async def test_wait_http_raises_with_the_log_when_the_child_exits(tmp_path: Path) -> None:
+    args = [sys.executable, "-c", "print('bad flag'); raise SystemExit(3)"]
+    proc = await Proc.spawn("gone", args, tmp_path / "gone.log")
+    try:
+        with pytest.raises(ChildFailedError, match="bad flag"):
+            await proc.wait_http(f"http://127.0.0.1:{free_port()}/", timeout_s=30)
+    finally:
+        await proc.stop_async(timeout_s=2)

@@ -31,9 +31,15 @@ from typing import Any
 
 import torch
 
+from contracts.errors import ConfigurationError
 from tierd.connector.layout import BlockLayout
 
 log = logging.getLogger("vllm.tierd.connector")
+
+
+class NativeCopyRefusedError(ConfigurationError, RuntimeError):
+    """`WARMGATE_KV_COPY=native`, but the native path cannot move this worker's KV (several
+    devices, tensors of a kind it has no backend for, or its backend not usable here)."""
 
 
 def choose(storages: Sequence[torch.Tensor], *, force_torch: bool = False) -> tuple[str, str]:
@@ -60,7 +66,7 @@ def choose(storages: Sequence[torch.Tensor], *, force_torch: bool = False) -> tu
 
 def _refuse(mode: str, why: str) -> tuple[str, str]:
     if mode == "native":
-        raise RuntimeError(f"WARMGATE_KV_COPY=native, but {why}")
+        raise NativeCopyRefusedError(f"WARMGATE_KV_COPY=native, but {why}")
     return "torch", why
 
 

@@ -33,9 +33,14 @@ from typing import Any
 
 import torch
 
+from contracts.errors import UpstreamError
 from tierd.connector import copy_bench
 from tierd.connector.saver import AsyncSaver
 from tierd.connector.worker import BlockMover
+
+
+class TierdNotStartedError(UpstreamError, RuntimeError):
+    """The tierd this check started exited or never opened its KV socket."""
 
 
 def start_tierd(
@@ -54,7 +59,7 @@ def start_tierd(
     deadline = time.monotonic() + 30
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("tierd did not open its KV socket")
+            raise TierdNotStartedError("tierd did not open its KV socket")
         time.sleep(0.05)
     return proc, sock
 

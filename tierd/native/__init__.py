@@ -21,7 +21,9 @@ when it is missing or `WARMGATE_NATIVE=python` is set, the pure-Python fallback
 - `memcpy_single(dst, dst_offset, src, src_offset, size)`: the benchmark's baseline.
 
 Every call that moves bytes releases the GIL; from async code call it via asyncio.to_thread.
-Bad offsets or sizes raise (ValueError, IndexError, TypeError) before any byte moves.
+Bad offsets or sizes raise (ValueError, IndexError, TypeError) before any byte moves; the
+ValueErrors, TypeErrors and RuntimeErrors are `tierd.native.errors`' classes, the same for
+the C extension and the fallback.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Argument checks of the pure-Python fallback, mirroring the C extension's (same exceptions).
+"""Argument checks of the pure-Python fallback, mirroring the C extension's (the same classes,
+`tierd.native.errors`).
 
-Slices are checked against their buffer's length (negative -> ValueError, past the end ->
-IndexError). Overlap uses real addresses: the destination intervals are sorted by start and
+Slices are checked against their buffer's length (negative -> NativeArgumentError, past the
+end -> IndexError). Overlap uses real addresses: the destination intervals are sorted by start and
 adjacent ones compared; source intervals are merged into a sorted union and each destination
 interval is looked up in it with a binary search, so a batch of n slices costs O(n log n).
 """
@@ -15,17 +16,19 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from tierd.native.errors import CopyOverlapError, NativeArgumentError, NativeArgumentTypeError
+
 
 def as_bytes_view(buffer: Any, name: str, *, writable: bool) -> memoryview:
-    """A flat unsigned-byte view of a C-contiguous buffer (TypeError otherwise)."""
+    """A flat unsigned-byte view of a C-contiguous buffer (NativeArgumentTypeError otherwise)."""
     try:
         view = memoryview(buffer)
     except TypeError:
-        raise TypeError(f"{name} must support the buffer protocol") from None
+        raise NativeArgumentTypeError(f"{name} must support the buffer protocol") from None
     if writable and view.readonly:
-        raise TypeError(f"{name} must be writable")
+        raise NativeArgumentTypeError(f"{name} must be writable")
     if not view.c_contiguous:
-        raise TypeError(f"{name} must be C-contiguous")
+        raise NativeArgumentTypeError(f"{name} must be C-contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
@@ -61,7 +64,7 @@ def address_of(view: memoryview) -> int:
         return 0
     buf = _PyBuffer()
     if _get_buffer(view, ctypes.byref(buf), _PYBUF_SIMPLE) != 0:
-        raise TypeError("not a buffer")
+        raise NativeArgumentTypeError("not a buffer")
     try:
         return int(buf.buf or 0)
     finally:
@@ -72,21 +75,23 @@ def int_list(values: Sequence[int], name: str) -> list[int]:
     try:
         return [operator.index(v) for v in values]
     except TypeError:
-        raise TypeError(f"{name} must be a sequence of ints") from None
+        raise NativeArgumentTypeError(f"{name} must be a sequence of ints") from None
 
 
 def check_lengths(*named: tuple[str, Sequence[Any]]) -> int:
     lengths = {len(v) for _, v in named}
     if len(lengths) > 1:
         desc = ", ".join(f"{n}={len(v)}" for n, v in named)
-        raise ValueError(f"batch lists differ in length: {desc}")
+        raise NativeArgumentError(f"batch lists differ in length: {desc}")
     return lengths.pop() if lengths else 0
 
 
 def check_ranges(name: str, length: int, offsets: Sequence[int], sizes: Sequence[int]) -> None:
     for i, (off, size) in enumerate(zip(offsets, sizes, strict=True)):
         if off < 0 or size < 0:
-            raise ValueError(f"slice {i}: negative offset or size ({off}, {size}) for {name}")
+            raise NativeArgumentError(
+                f"slice {i}: negative offset or size ({off}, {size}) for {name}"
+            )
         if off + size > length:
             raise IndexError(
                 f"slice {i}: {name}[{off}:{off + size}] is out of range (length {length})"
@@ -96,7 +101,7 @@ def check_ranges(name: str, length: int, offsets: Sequence[int], sizes: Sequence
 def check_file_offsets(offsets: Sequence[int]) -> None:
     for i, off in enumerate(offsets):
         if off < 0:
-            raise ValueError(f"slice {i}: negative file offset {off}")
+            raise NativeArgumentError(f"slice {i}: negative file offset {off}")
 
 
 def _intervals(base: int, offsets: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -112,11 +117,11 @@ def check_no_overlap(
     src_len: int = 0,
     dst_len: int = 0,
 ) -> None:
-    """ValueError if two destination ranges overlap, or a destination overlaps a source."""
+    """CopyOverlapError if two destination ranges overlap, or a destination overlaps a source."""
     dst = _intervals(dst_base, dst_offsets, sizes)
     for (_s0, e0), (s1, _e1) in itertools.pairwise(dst):
         if s1 < e0:
-            raise ValueError(f"destination ranges overlap at offset {s1 - dst_base}")
+            raise CopyOverlapError(f"destination ranges overlap at offset {s1 - dst_base}")
     if src_base is None or src_offsets is None:
         return
     if src_base >= dst_base + dst_len or dst_base >= src_base + src_len:
@@ -132,4 +137,4 @@ def check_no_overlap(
         i = bisect.bisect_right(starts, s) - 1
         for j in (i, i + 1):
             if 0 <= j < len(union) and union[j][0] < e and s < union[j][1]:
-                raise ValueError("a destination range overlaps a source range")
+                raise CopyOverlapError("a destination range overlaps a source range")

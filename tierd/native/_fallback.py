@@ -4,7 +4,8 @@
 Copies are memoryview slice assignments on the calling thread; file batches use os.preadv /
 os.pwritev (which release the GIL) on a thread pool, with O_DIRECT through page-aligned mmap
 bounce buffers; CRC-32C is the table-driven software algorithm (one table lookup per byte).
-There is no GPU backend here: `DeviceArena` and `BlockCopier("cuda")` always raise.
+There is no GPU backend here: `DeviceArena` and `BlockCopier("cuda")` always raise
+(BackendUnavailableError). Errors are the C extension's classes (`tierd.native.errors`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from tierd.native import _checks
 from tierd.native._kvcopy import BlockCopier
 from tierd.native._pyio import drop_page_cache, probe_direct, read_batch, write_batch
+from tierd.native.errors import BackendUnavailableError, NativeArgumentError
 
 __all__ = [
     "IMPLEMENTATION",
@@ -79,7 +81,7 @@ class HostArena(mmap.mmap):
 
     def __new__(cls, nbytes: int, *, pinned: bool = False) -> HostArena:
         if nbytes <= 0:
-            raise ValueError(f"nbytes must be positive, not {nbytes}")
+            raise NativeArgumentError(f"nbytes must be positive, not {nbytes}")
         self = super().__new__(cls, -1, nbytes)
         self.nbytes = nbytes
         self.backend = "host"
@@ -125,16 +127,18 @@ class DeviceArena:
     batch_api: bool
 
     def __init__(self, nbytes: int, backend: str = "cuda", *, device: int = 0) -> None:
-        raise RuntimeError(f"{backend} backend not usable: the C extension is not loaded")
+        raise BackendUnavailableError(
+            f"{backend} backend not usable: the C extension is not loaded"
+        )
 
     def __len__(self) -> int:
         return self.nbytes
 
     def read(self, offset: int, size: int) -> bytes:
-        raise RuntimeError("no device")
+        raise BackendUnavailableError("no device")
 
     def write(self, offset: int, data: Any) -> None:
-        raise RuntimeError("no device")
+        raise BackendUnavailableError("no device")
 
     def close(self) -> None:
         pass
@@ -156,9 +160,9 @@ def copy_batch(
     threads: int = 0,
 ) -> int:
     if isinstance(dst, DeviceArena) or isinstance(src, DeviceArena):
-        raise RuntimeError("no device")
+        raise BackendUnavailableError("no device")
     if threads < 0:
-        raise ValueError("threads must be >= 0")
+        raise NativeArgumentError("threads must be >= 0")
     dview = _checks.as_bytes_view(dst, "dst", writable=True)
     sview = _checks.as_bytes_view(src, "src", writable=False)
     doffs = _checks.int_list(dst_offsets, "dst_offsets")
@@ -198,13 +202,13 @@ def crc32c(
     view = _checks.as_bytes_view(buffer, "buffer", writable=False)
     if size == -1:
         if offset < 0:
-            raise ValueError(f"negative offset {offset}")
+            raise NativeArgumentError(f"negative offset {offset}")
         if offset > view.nbytes:
             raise IndexError(f"offset {offset} is out of range (length {view.nbytes})")
         size = view.nbytes - offset
     _checks.check_ranges("buffer", view.nbytes, [offset], [size])
     if not 0 <= value <= 0xFFFFFFFF:
-        raise ValueError("value must be a 32-bit unsigned CRC")
+        raise NativeArgumentError("value must be a 32-bit unsigned CRC")
     crc = _crc_update(value ^ 0xFFFFFFFF, view[offset : offset + size])
     return crc ^ 0xFFFFFFFF
 

@@ -14,6 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from tierd.native import _checks
+from tierd.native.errors import (
+    BackendUnavailableError,
+    ClosedHandleError,
+    CopyOverlapError,
+    NativeArgumentError,
+    NativeArgumentTypeError,
+    UnknownBackendError,
+)
 
 Layer = tuple[int, int, Sequence[int], int, int]
 
@@ -22,15 +30,19 @@ def _layers(layers: Sequence[Layer]) -> list[tuple[int, int, list[int], int, int
     out = []
     for i, spec in enumerate(layers):
         if not isinstance(spec, tuple) or len(spec) != 5:
-            raise TypeError(f"layer {i} must be (ptr, nbytes, starts, block_stride, run_bytes)")
+            raise NativeArgumentTypeError(
+                f"layer {i} must be (ptr, nbytes, starts, block_stride, run_bytes)"
+            )
         ptr, nbytes, stride, run = (operator.index(spec[k]) for k in (0, 1, 3, 4))  # type: ignore[arg-type]
         if min(ptr, nbytes, stride, run) < 0:
-            raise ValueError(f"layer {i}: negative pointer, nbytes, block_stride or run_bytes")
+            raise NativeArgumentError(
+                f"layer {i}: negative pointer, nbytes, block_stride or run_bytes"
+            )
         starts = _checks.int_list(spec[2], "starts")
         if any(s < 0 for s in starts):
-            raise ValueError(f"layer {i}: a negative start")
+            raise NativeArgumentError(f"layer {i}: a negative start")
         if not ptr or not run or not stride or not starts:
-            raise ValueError(
+            raise NativeArgumentError(
                 f"layer {i}: pointer, run_bytes, block_stride and starts must be "
                 "non-zero / non-empty"
             )
@@ -47,20 +59,20 @@ def plan(
     host_offsets: Sequence[int],
 ) -> list[tuple[int, int, int]]:
     """(engine-side address, host address, size) of every run, contiguous neighbours
-    merged; IndexError / ValueError as the C extension raises them."""
+    merged; IndexError / NativeArgumentError as the C extension raises them."""
     if num_blocks < 0:
-        raise ValueError("num_blocks must be >= 0")
+        raise NativeArgumentError("num_blocks must be >= 0")
     specs = _layers(layers)
     blocks = _checks.int_list(block_ids, "block_ids")
     offsets = _checks.int_list(host_offsets, "host_offsets")
     if len(blocks) != len(offsets):
-        raise ValueError(
+        raise NativeArgumentError(
             f"block_ids and host_offsets differ in length ({len(blocks)}, {len(offsets)})"
         )
     for name, values in (("block_ids", blocks), ("host_offsets", offsets)):
         for i, v in enumerate(values):
             if v < 0:
-                raise ValueError(f"{name}[{i}] is negative")
+                raise NativeArgumentError(f"{name}[{i}] is negative")
     slice_bytes = sum(len(starts) * run for _, _, starts, _, run in specs)
     out: list[tuple[int, int, int]] = []
     for i, (b, hoff) in enumerate(zip(blocks, offsets, strict=True)):
@@ -99,11 +111,13 @@ class BlockCopier:
 
     def __init__(self, backend: str = "host", *, device: int = 0) -> None:
         if device < 0:
-            raise ValueError("device must be >= 0")
+            raise NativeArgumentError("device must be >= 0")
         if backend not in ("host", "cuda", "hip"):
-            raise ValueError(f"unknown backend '{backend}' (host, cuda or hip)")
+            raise UnknownBackendError(f"unknown backend '{backend}' (host, cuda or hip)")
         if backend != "host":
-            raise RuntimeError(f"{backend} backend not usable: the C extension is not loaded")
+            raise BackendUnavailableError(
+                f"{backend} backend not usable: the C extension is not loaded"
+            )
         self.device, self.batch_api, self.registered = device, False, 0
         self.last_copies = self.last_bytes = 0
         self._issued = 0
@@ -125,7 +139,7 @@ class BlockCopier:
         stream: int | None = None,
     ) -> int:
         if not self._open:
-            raise ValueError("BlockCopier is closed")
+            raise ClosedHandleError("BlockCopier is closed")
         view = _checks.as_bytes_view(host, "host", writable=to_host)
         base = _checks.address_of(view)
         runs = plan(layers, num_blocks, block_ids, base, view.nbytes, host_offsets)
@@ -134,8 +148,8 @@ class BlockCopier:
         sizes = [n for _, _, n in runs]
         try:
             _checks.check_no_overlap(0, dst, sizes, 0, src, src_len=1 << 64, dst_len=1 << 64)
-        except ValueError:
-            raise ValueError(
+        except CopyOverlapError:
+            raise CopyOverlapError(
                 "destination runs overlap (a block id or host slice given twice, "
                 "or the KV buffer overlaps the host buffer)"
             ) from None
@@ -147,7 +161,7 @@ class BlockCopier:
 
     def _ticket(self, ticket: int) -> None:
         if not 0 < ticket <= self._issued:
-            raise ValueError(f"unknown ticket {ticket} (issued {self._issued})")
+            raise NativeArgumentError(f"unknown ticket {ticket} (issued {self._issued})")
 
     def wait(self, ticket: int) -> None:
         self._ticket(ticket)

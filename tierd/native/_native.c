@@ -2,7 +2,9 @@
  * Each call converts and checks every argument with the GIL held, then releases the GIL
  * while bytes move: host copies are cut into chunks of at most 1 MiB and spread over a few
  * memcpy threads (wg_parallel_for) when the batch is large; copies touching a DeviceArena go
- * to its GPU backend; file batches run one slice per item on pread/pwrite threads. */
+ * to its GPU backend; file batches run one slice per item on pread/pwrite threads.
+ * Errors: the classes of tierd.native.errors, as the pure-Python fallback raises them (taken
+ * at import, wg_errors_ready below); IndexError, BufferError, OverflowError stay builtins. */
 #include "wg_py.h" /* first: Python.h sets _GNU_SOURCE, which O_DIRECT needs */
 
 #include <errno.h>
@@ -57,7 +59,7 @@ static PyObject *wg_gpu_copy(wg_mem *dst, const size_t *doffs, wg_mem *src, cons
     wg_DeviceArena *owner = dst->device ? dst->device : src->device;
     wg_DeviceArena *other = dst->device && src->device && src->device != owner ? src->device : NULL;
     if (other && strcmp(other->backend, owner->backend) != 0) {
-        PyErr_SetString(PyExc_ValueError, "copies between a cuda and a hip arena are not possible");
+        PyErr_SetString(wg_ArgumentError, "copies between a cuda and a hip arena are not possible");
         return NULL;
     }
     void **dsts = PyMem_Malloc(sizeof(void *) * (n ? n : 1));
@@ -138,7 +140,7 @@ static PyObject *wg_memcpy_single(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OnOnn:memcpy_single", &dst_o, &doff, &src_o, &soff, &size))
         return NULL;
     if (doff < 0 || soff < 0 || size < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative offset or size");
+        PyErr_SetString(wg_ArgumentError, "negative offset or size");
         return NULL;
     }
     wg_mem dst, src;
@@ -233,7 +235,51 @@ static struct PyModuleDef wg_module = {
     NULL, NULL, NULL, NULL,
 };
 
+PyObject *wg_ArgumentTypeError, *wg_ArgumentError, *wg_OverlapError, *wg_ClosedError,
+    *wg_StateError, *wg_UnknownBackendError, *wg_UnavailableError, *wg_DeviceCopyError;
+
+int wg_errors_ready(void) {
+    static const struct {
+        PyObject **slot;
+        const char *name;
+    } classes[] = {
+        {&wg_ArgumentTypeError, "NativeArgumentTypeError"},
+        {&wg_ArgumentError, "NativeArgumentError"},
+        {&wg_OverlapError, "CopyOverlapError"},
+        {&wg_ClosedError, "ClosedHandleError"},
+        {&wg_StateError, "HandleStateError"},
+        {&wg_UnknownBackendError, "UnknownBackendError"},
+        {&wg_UnavailableError, "BackendUnavailableError"},
+        {&wg_DeviceCopyError, "DeviceCopyError"},
+    };
+    const size_t count = sizeof(classes) / sizeof(classes[0]);
+    if (*classes[count - 1].slot != NULL)
+        return 0; /* taken at an earlier import */
+    PyObject *errors = PyImport_ImportModule("tierd.native.errors");
+    if (errors == NULL)
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        PyObject *cls = PyObject_GetAttrString(errors, classes[i].name);
+        if (cls != NULL && !PyExceptionClass_Check(cls)) {
+            PyErr_Format(PyExc_ImportError, "tierd.native.errors.%s is not an exception class",
+                         classes[i].name);
+            Py_CLEAR(cls);
+        }
+        if (cls == NULL)
+            rc = -1;
+        *classes[i].slot = cls;
+    }
+    Py_DECREF(errors);
+    if (rc < 0)
+        for (size_t i = 0; i < count; i++)
+            Py_CLEAR(*classes[i].slot);
+    return rc;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
+    if (wg_errors_ready() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&wg_module);
     if (m == NULL)
         return NULL;

@@ -6,7 +6,11 @@ memoryview, numpy arrays, mmap, `HostArena`); destinations must be writable and 
 Offsets and sizes are byte counts; every one is checked before any byte moves:
 negative -> ValueError, past the end of its buffer -> IndexError, destination ranges that
 overlap each other or a source range in the same memory -> ValueError, list lengths that
-differ -> ValueError. The GIL is released while bytes move.
+differ -> ValueError. The GIL is released while bytes move. The ValueErrors, TypeErrors and
+RuntimeErrors are the classes of `tierd.native.errors` (both implementations raise them):
+NativeArgumentError, CopyOverlapError, ClosedHandleError, UnknownBackendError (ValueError);
+NativeArgumentTypeError (TypeError); BackendUnavailableError, DeviceCopyError,
+HandleStateError (RuntimeError).
 """
 
 from collections.abc import Sequence
@@ -43,9 +47,10 @@ class HostArena:
     def __exit__(self, *exc: object) -> None: ...
 
 class DeviceArena:
-    """Device memory of a GPU backend ('cuda' or 'hip'); RuntimeError where that backend is not
-    usable (not built, or no device). No buffer protocol: move bytes with `copy_batch` (or
-    `read`/`write`, which stage through host memory)."""
+    """Device memory of a GPU backend ('cuda' or 'hip'); BackendUnavailableError (a
+    RuntimeError) where that backend is not usable (not built, or no device). No buffer
+    protocol: move bytes with `copy_batch` (or `read`/`write`, which stage through host
+    memory)."""
 
     nbytes: int
     backend: str
@@ -66,8 +71,8 @@ class BlockCopier:
     """Gathers KV blocks out of buffers an engine owns (raw pointers, e.g. a torch tensor's
     `untyped_storage().data_ptr()`, on the device of `backend`) into slices of a host buffer,
     and scatters them back; every layer in one call. Backends: "host" (memcpy, synchronous;
-    the engine's buffers are host memory), "cuda" / "hip" (RuntimeError where not usable).
-    One thread at a time (RuntimeError otherwise)."""
+    the engine's buffers are host memory), "cuda" / "hip" (BackendUnavailableError, a
+    RuntimeError, where not usable). One thread at a time (HandleStateError otherwise)."""
 
     backend: str
     device: int
@@ -94,10 +99,11 @@ class BlockCopier:
         (every layer's runs, end to end) is host[host_offsets[i]:]. `to_host`: engine ->
         host (a save), else host -> engine (a load). Checked before a byte moves: block ids
         < num_blocks, runs inside nbytes, slices inside host (IndexError); negatives and
-        overlapping destinations (ValueError); malformed layers (TypeError). GPU: the copies
-        are enqueued and a ticket returned at once; with `stream` (a raw stream handle,
-        torch's `current_stream().cuda_stream`), they come after the work already on that
-        stream and later work on it waits for them. Host: done on return."""
+        overlapping destinations (ValueError; CopyOverlapError for the overlaps); malformed
+        layers (TypeError). GPU: the copies are enqueued and a ticket returned at once;
+        with `stream` (a raw stream handle, torch's `current_stream().cuda_stream`), they
+        come after the work already on that stream and later work on it waits for them.
+        Host: done on return."""
     def wait(self, ticket: int) -> None:
         """Until the ticket's copies are done (then the host bytes are there)."""
     def done(self, ticket: int) -> bool: ...

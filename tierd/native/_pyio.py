@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tierd.native import _checks
+from tierd.native.errors import NativeArgumentError
 
 ALIGN = 4096
 MAX_THREADS = 16
@@ -120,7 +121,7 @@ def _write_one(
 
 def _run(jobs: list[Callable[[], int]], threads: int) -> list[int]:
     if threads < 0:
-        raise ValueError("threads must be >= 0")
+        raise NativeArgumentError("threads must be >= 0")
     workers = min(len(jobs), threads or MAX_THREADS)
     if workers <= 1:
         return [job() for job in jobs]

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tierd.native.errors import DeviceCopyError
+
 HERE = Path(__file__).resolve().parent
 # every C file of the module (the GPU backend is the .cu, built apart)
 C_SOURCES = sorted(p.name for p in HERE.glob("*.c"))
@@ -154,7 +156,7 @@ def check_library(backend: str, slices: int, slice_bytes: int, repeat: int) -> d
         if lib.wg_gpu_copy_batch(
             ctx, d, s, szs, ctypes.c_size_t(slices), ctypes.byref(used), err, 512
         ):
-            raise RuntimeError(err.value.decode())
+            raise DeviceCopyError(err.value.decode())
 
     h2d = _best(repeat, lambda: copy(dsts, srcs))
     d2h = _best(repeat, lambda: copy(srcs, dsts))

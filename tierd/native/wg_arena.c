@@ -45,11 +45,11 @@ static int wg_host_init(wg_HostArena *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|$p:HostArena", kwlist, &nbytes, &pinned))
         return -1;
     if (self->base != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "HostArena is already initialised");
+        PyErr_SetString(wg_StateError, "HostArena is already initialised");
         return -1;
     }
     if (nbytes <= 0) {
-        PyErr_Format(PyExc_ValueError, "nbytes must be positive, not %zd", nbytes);
+        PyErr_Format(wg_ArgumentError, "nbytes must be positive, not %zd", nbytes);
         return -1;
     }
     void *p = mmap(NULL, (size_t)nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -95,7 +95,7 @@ static void wg_host_releasebuffer(wg_HostArena *self, Py_buffer *view) {
 
 static int wg_host_open(wg_HostArena *self) {
     if (self->base == NULL) {
-        PyErr_SetString(PyExc_ValueError, "HostArena is closed");
+        PyErr_SetString(wg_ClosedError, "HostArena is closed");
         return -1;
     }
     return 0;
@@ -112,7 +112,7 @@ int wg_range_args(PyObject *const *args, Py_ssize_t nargs, size_t len, Py_ssize_
     if (PyErr_Occurred())
         return -1;
     if (*off < 0 || *size < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative offset or size");
+        PyErr_SetString(wg_ArgumentError, "negative offset or size");
         return -1;
     }
     if ((size_t)*size > len || (size_t)*off > len - (size_t)*size) {
@@ -141,7 +141,7 @@ static PyObject *wg_host_write(wg_HostArena *self, PyObject *const *args, Py_ssi
     Py_ssize_t off = PyLong_AsSsize_t(args[0]);
     int bad = off == -1 && PyErr_Occurred();
     if (!bad && off < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative offset");
+        PyErr_SetString(wg_ArgumentError, "negative offset");
         bad = 1;
     }
     if (!bad && ((size_t)data.len > self->nbytes || (size_t)off > self->nbytes - (size_t)data.len)) {

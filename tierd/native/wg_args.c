@@ -15,11 +15,11 @@ int wg_mem_get(PyObject *obj, const char *name, int writable, int allow_device, 
     if (PyObject_TypeCheck(obj, &wg_DeviceArenaType)) {
         wg_DeviceArena *d = (wg_DeviceArena *)obj;
         if (!allow_device) {
-            PyErr_Format(PyExc_TypeError, "%s: a DeviceArena is not accepted here", name);
+            PyErr_Format(wg_ArgumentTypeError, "%s: a DeviceArena is not accepted here", name);
             return -1;
         }
         if (d->base == NULL) {
-            PyErr_Format(PyExc_ValueError, "%s: the DeviceArena is closed", name);
+            PyErr_Format(wg_ClosedError, "%s: the DeviceArena is closed", name);
             return -1;
         }
         m->device = d;
@@ -28,21 +28,21 @@ int wg_mem_get(PyObject *obj, const char *name, int writable, int allow_device, 
         return 0;
     }
     if (PyObject_TypeCheck(obj, &wg_HostArenaType) && ((wg_HostArena *)obj)->base == NULL) {
-        PyErr_Format(PyExc_ValueError, "%s: the HostArena is closed", name);
+        PyErr_Format(wg_ClosedError, "%s: the HostArena is closed", name);
         return -1;
     }
     if (PyObject_GetBuffer(obj, &m->view, PyBUF_C_CONTIGUOUS) != 0) {
         if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
             PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous buffer", name);
+            PyErr_Format(wg_ArgumentTypeError, "%s must be a C-contiguous buffer", name);
         }
         return -1;
     }
     m->has_view = 1;
     if (writable && m->view.readonly) {
         wg_mem_release(m);
-        PyErr_Format(PyExc_TypeError, "%s must be writable", name);
+        PyErr_Format(wg_ArgumentTypeError, "%s must be writable", name);
         return -1;
     }
     m->base = (char *)m->view.buf;
@@ -60,7 +60,7 @@ int wg_sizes_from(PyObject *seq, const char *name, size_t **out, Py_ssize_t *n) 
     *out = NULL;
     PyObject *fast = PySequence_Fast(seq, "");
     if (fast == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints", name);
+        PyErr_Format(wg_ArgumentTypeError, "%s must be a sequence of ints", name);
         return -1;
     }
     Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
@@ -74,7 +74,7 @@ int wg_sizes_from(PyObject *seq, const char *name, size_t **out, Py_ssize_t *n) 
     for (Py_ssize_t i = 0; i < len; i++) {
         PyObject *idx = PyNumber_Index(items[i]);
         if (idx == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s[%zd] is not an int", name, i);
+            PyErr_Format(wg_ArgumentTypeError, "%s[%zd] is not an int", name, i);
             goto fail;
         }
         int overflow = 0;
@@ -87,7 +87,7 @@ int wg_sizes_from(PyObject *seq, const char *name, size_t **out, Py_ssize_t *n) 
             goto fail;
         }
         if (overflow < 0 || v < 0) {
-            PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", name, i);
+            PyErr_Format(wg_ArgumentError, "%s[%zd] is negative", name, i);
             goto fail;
         }
         arr[i] = (size_t)v;
@@ -104,7 +104,7 @@ fail:
 
 int wg_check_lengths(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c) {
     if (a != b || b != c) {
-        PyErr_Format(PyExc_ValueError, "batch lists differ in length (%zd, %zd, %zd)", a, b, c);
+        PyErr_Format(wg_ArgumentError, "batch lists differ in length (%zd, %zd, %zd)", a, b, c);
         return -1;
     }
     return 0;
@@ -157,7 +157,7 @@ int wg_check_overlap(const wg_mem *dst, const size_t *doffs, const wg_mem *src,
     int rc = 0;
     for (Py_ssize_t i = 1; i < nd; i++) {
         if (d[i].start < d[i - 1].end) {
-            PyErr_Format(PyExc_ValueError, "destination ranges overlap at offset %zu",
+            PyErr_Format(wg_OverlapError, "destination ranges overlap at offset %zu",
                          (size_t)(d[i].start - (uintptr_t)dst->base));
             rc = -1;
             goto done;
@@ -188,7 +188,7 @@ int wg_check_overlap(const wg_mem *dst, const size_t *doffs, const wg_mem *src,
         else if (d[i].end <= s[j].start)
             i++;
         else {
-            PyErr_SetString(PyExc_ValueError, "a destination range overlaps a source range");
+            PyErr_SetString(wg_OverlapError, "a destination range overlaps a source range");
             rc = -1;
             goto done;
         }
@@ -201,7 +201,7 @@ done:
 
 int wg_threads_arg(long threads, int automatic, int max, int *out) {
     if (threads < 0) {
-        PyErr_SetString(PyExc_ValueError, "threads must be >= 0");
+        PyErr_SetString(wg_ArgumentError, "threads must be >= 0");
         return -1;
     }
     long t = threads == 0 ? automatic : threads;

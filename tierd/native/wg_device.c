@@ -27,11 +27,11 @@ static int wg_dev_init(wg_DeviceArena *self, PyObject *args, PyObject *kwargs) {
                                      &backend, &device))
         return -1;
     if (self->ctx != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "DeviceArena is already initialised");
+        PyErr_SetString(wg_StateError, "DeviceArena is already initialised");
         return -1;
     }
     if (nbytes <= 0 || device < 0) {
-        PyErr_SetString(PyExc_ValueError, "nbytes must be positive and device >= 0");
+        PyErr_SetString(wg_ArgumentError, "nbytes must be positive and device >= 0");
         return -1;
     }
     int rc = 0;
@@ -57,7 +57,7 @@ static int wg_dev_init(wg_DeviceArena *self, PyObject *args, PyObject *kwargs) {
     }
     Py_END_ALLOW_THREADS;
     if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "%s backend not usable: %s", backend, err);
+        PyErr_Format(wg_UnavailableError, "%s backend not usable: %s", backend, err);
         return -1;
     }
     self->base = (char *)ptr;
@@ -84,7 +84,7 @@ int wg_device_copy(wg_DeviceArena *owner, void *const *dsts, const void *const *
     owner->busy--;
     owner->last_batch_api = *used_batch_api;
     if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "%s copy failed: %s", owner->backend, err);
+        PyErr_Format(wg_DeviceCopyError, "%s copy failed: %s", owner->backend, err);
         return -1;
     }
     return 0;
@@ -92,7 +92,7 @@ int wg_device_copy(wg_DeviceArena *owner, void *const *dsts, const void *const *
 
 static int wg_dev_open(wg_DeviceArena *self) {
     if (self->base == NULL) {
-        PyErr_SetString(PyExc_ValueError, "DeviceArena is closed");
+        PyErr_SetString(wg_ClosedError, "DeviceArena is closed");
         return -1;
     }
     return 0;
@@ -128,7 +128,7 @@ static PyObject *wg_dev_write(wg_DeviceArena *self, PyObject *const *args, Py_ss
     Py_ssize_t off = PyLong_AsSsize_t(args[0]);
     int bad = off == -1 && PyErr_Occurred();
     if (!bad && off < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative offset");
+        PyErr_SetString(wg_ArgumentError, "negative offset");
         bad = 1;
     }
     if (!bad && ((size_t)data.len > self->nbytes || (size_t)off > self->nbytes - (size_t)data.len)) {
@@ -151,7 +151,7 @@ static PyObject *wg_dev_write(wg_DeviceArena *self, PyObject *const *args, Py_ss
 static PyObject *wg_dev_close(wg_DeviceArena *self, PyObject *unused) {
     (void)unused;
     if (self->busy > 0) {
-        PyErr_SetString(PyExc_RuntimeError, "cannot close a DeviceArena during a copy");
+        PyErr_SetString(wg_StateError, "cannot close a DeviceArena during a copy");
         return NULL;
     }
     /* Detach under the GIL, so no other thread can start a copy on freed memory. */

@@ -32,7 +32,7 @@ typedef struct {
 /* One thread at a time: every method that releases the GIL marks the copier busy. */
 static int wg_kv_enter(wg_BlockCopier *self) {
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "BlockCopier is in use by another thread");
+        PyErr_SetString(wg_StateError, "BlockCopier is in use by another thread");
         return -1;
     }
     self->busy = 1;
@@ -40,7 +40,7 @@ static int wg_kv_enter(wg_BlockCopier *self) {
 }
 
 static int wg_kv_fail(wg_BlockCopier *self, const char *err) {
-    PyErr_Format(PyExc_RuntimeError, "%s block copy failed: %s", self->backend, err);
+    PyErr_Format(wg_DeviceCopyError, "%s block copy failed: %s", self->backend, err);
     return -1;
 }
 
@@ -92,11 +92,11 @@ static int wg_kv_init(wg_BlockCopier *self, PyObject *args, PyObject *kwargs) {
                                      &device))
         return -1;
     if (self->ctx != NULL || self->backend[0]) {
-        PyErr_SetString(PyExc_RuntimeError, "BlockCopier is already initialised");
+        PyErr_SetString(wg_StateError, "BlockCopier is already initialised");
         return -1;
     }
     if (device < 0) {
-        PyErr_SetString(PyExc_ValueError, "device must be >= 0");
+        PyErr_SetString(wg_ArgumentError, "device must be >= 0");
         return -1;
     }
     self->device = device;
@@ -105,7 +105,7 @@ static int wg_kv_init(wg_BlockCopier *self, PyObject *args, PyObject *kwargs) {
         return 0;
     }
     if (strcmp(backend, "cuda") != 0 && strcmp(backend, "hip") != 0) {
-        PyErr_Format(PyExc_ValueError, "unknown backend '%s' (host, cuda or hip)", backend);
+        PyErr_Format(wg_UnknownBackendError, "unknown backend '%s' (host, cuda or hip)", backend);
         return -1;
     }
     int rc;
@@ -123,7 +123,7 @@ static int wg_kv_init(wg_BlockCopier *self, PyObject *args, PyObject *kwargs) {
         rc = self->lib.open(device, 1, &self->ctx, err, sizeof(err));
     Py_END_ALLOW_THREADS;
     if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "%s backend not usable: %s", backend, err);
+        PyErr_Format(wg_UnavailableError, "%s backend not usable: %s", backend, err);
         return -1;
     }
     self->gpu = 1;
@@ -151,7 +151,7 @@ static PyObject *wg_kv_copy(wg_BlockCopier *self, PyObject *args, PyObject *kwar
         return NULL;
     }
     if (self->backend[0] == 0 || (self->gpu && self->ctx == NULL)) {
-        PyErr_SetString(PyExc_ValueError, "BlockCopier is closed");
+        PyErr_SetString(wg_ClosedError, "BlockCopier is closed");
         return NULL;
     }
     size_t stream = 0;
@@ -213,7 +213,7 @@ static int wg_kv_slot(wg_BlockCopier *self, PyObject *arg, int *slot) {
     if (t == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     if (t == 0 || t > self->issued) {
-        PyErr_Format(PyExc_ValueError, "unknown ticket %llu (issued %llu)", t, self->issued);
+        PyErr_Format(wg_ArgumentError, "unknown ticket %llu (issued %llu)", t, self->issued);
         return -1;
     }
     *slot = (int)(t % WG_GPU_EVENTS);
@@ -318,7 +318,7 @@ static PyObject *wg_kv_unregister(wg_BlockCopier *self, PyObject *arg) {
 static PyObject *wg_kv_close(wg_BlockCopier *self, PyObject *unused) {
     (void)unused;
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "cannot close a BlockCopier during a copy");
+        PyErr_SetString(wg_StateError, "cannot close a BlockCopier during a copy");
         return NULL;
     }
     if (wg_kv_sync_all(self))

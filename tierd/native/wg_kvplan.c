@@ -61,7 +61,7 @@ static size_t wg_kv_size(PyObject *o, const char *what, Py_ssize_t layer, int *b
         return 0;
     }
     if (v < 0) {
-        PyErr_Format(PyExc_ValueError, "layer %zd: negative %s", layer, what);
+        PyErr_Format(wg_ArgumentError, "layer %zd: negative %s", layer, what);
         *bad = 1;
     }
     return (size_t)v;
@@ -82,7 +82,7 @@ static wg_kv_layer *wg_kv_layers(PyObject *seq, Py_ssize_t *count) {
     for (Py_ssize_t i = 0; i < n && !bad; i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(fast, i);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) {
-            PyErr_Format(PyExc_TypeError,
+            PyErr_Format(wg_ArgumentTypeError,
                          "layer %zd must be (ptr, nbytes, starts, block_stride, run_bytes)", i);
             bad = 1;
             break;
@@ -97,7 +97,7 @@ static wg_kv_layer *wg_kv_layers(PyObject *seq, Py_ssize_t *count) {
             bad = 1;
         L->nstarts = (size_t)ns;
         if (!bad && (L->ptr == 0 || L->run == 0 || L->stride == 0 || ns == 0)) {
-            PyErr_Format(PyExc_ValueError,
+            PyErr_Format(wg_ArgumentError,
                          "layer %zd: pointer, run_bytes, block_stride and starts must be "
                          "non-zero / non-empty",
                          i);
@@ -195,7 +195,7 @@ int wg_kv_prepare(PyObject *layers_o, Py_ssize_t num_blocks, PyObject *blocks_o,
                   wg_kv_job *job) {
     memset(job, 0, sizeof(*job));
     if (num_blocks < 0) {
-        PyErr_SetString(PyExc_ValueError, "num_blocks must be >= 0");
+        PyErr_SetString(wg_ArgumentError, "num_blocks must be >= 0");
         return -1;
     }
     Py_ssize_t nl = 0, nb = 0, nh = 0;
@@ -206,7 +206,7 @@ int wg_kv_prepare(PyObject *layers_o, Py_ssize_t num_blocks, PyObject *blocks_o,
         wg_sizes_from(hoffs_o, "host_offsets", &hoffs, &nh))
         goto done;
     if (nb != nh) {
-        PyErr_Format(PyExc_ValueError, "block_ids and host_offsets differ in length (%zd, %zd)",
+        PyErr_Format(wg_ArgumentError, "block_ids and host_offsets differ in length (%zd, %zd)",
                      nb, nh);
         goto done;
     }
@@ -219,9 +219,9 @@ int wg_kv_prepare(PyObject *layers_o, Py_ssize_t num_blocks, PyObject *blocks_o,
     wg_mem any = {.base = NULL, .len = SIZE_MAX};
     if (wg_check_overlap(&any, to_host ? job->hst : job->dev, same_memory ? &any : NULL,
                          to_host ? job->dev : job->hst, job->sizes, job->n)) {
-        if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+        if (PyErr_ExceptionMatches(wg_OverlapError)) {
             PyErr_Clear();
-            PyErr_SetString(PyExc_ValueError,
+            PyErr_SetString(wg_OverlapError,
                             "destination runs overlap (a block id or host slice given twice, "
                             "or the KV buffer overlaps the host buffer)");
         }

@@ -9,6 +9,19 @@
 #include "wg_common.h"
 #include "wg_gpu_api.h"
 
+/* ---- errors: the classes of tierd.native.errors (the pure-Python fallback raises the same
+ * ones), strong references taken once at import by wg_errors_ready (_native.c) ---- */
+extern PyObject *wg_ArgumentTypeError;  /* NativeArgumentTypeError (a TypeError) */
+extern PyObject *wg_ArgumentError;      /* NativeArgumentError (a ValueError) */
+extern PyObject *wg_OverlapError;       /* CopyOverlapError (a NativeArgumentError) */
+extern PyObject *wg_ClosedError;        /* ClosedHandleError (a ValueError) */
+extern PyObject *wg_StateError;         /* HandleStateError (a RuntimeError) */
+extern PyObject *wg_UnknownBackendError; /* UnknownBackendError (a ValueError) */
+extern PyObject *wg_UnavailableError;   /* BackendUnavailableError (a RuntimeError) */
+extern PyObject *wg_DeviceCopyError;    /* DeviceCopyError (a RuntimeError) */
+/* Imports tierd.native.errors and takes its classes. 0 or -1 (raised). */
+int wg_errors_ready(void);
+
 /* ---- GPU backends (wg_gpu.c) ---- */
 /* Loads _wg_<backend>.so next to the extension; 0 or -1 with why in err. */
 int wg_gpu_load(const char *backend, wg_gpu_lib *lib, char *err, size_t errlen);

@@ -15,11 +15,11 @@ PyObject *wg_py_crc32c(PyObject *mod, PyObject *args, PyObject *kwargs) {
                                      &value, &software))
         return NULL;
     if (value > 0xFFFFFFFFull) {
-        PyErr_SetString(PyExc_ValueError, "value must be a 32-bit unsigned CRC");
+        PyErr_SetString(wg_ArgumentError, "value must be a 32-bit unsigned CRC");
         return NULL;
     }
     if (off < 0 || size < -1) {
-        PyErr_SetString(PyExc_ValueError, "negative offset or size");
+        PyErr_SetString(wg_ArgumentError, "negative offset or size");
         return NULL;
     }
     wg_mem m;

@@ -26,6 +26,10 @@ from tierd.native import DeviceArena, HostArena, backends, copy_batch
 from tierd.slices import Payload, SliceMeta
 
 
+class NoHostViewError(ConfigurationError, TypeError):
+    """A host view asked of an L1 whose arena is device memory (`l1_backend` cuda or hip)."""
+
+
 class L1SizeError(ConfigurationError, ValueError):
     """L1 too small for one slot (`l1_bytes` below `slice_bytes`)."""
 
@@ -122,7 +126,7 @@ class L1Arena:
     def view(self, slot: int, length: int) -> memoryview:
         """The bytes of a slot in place (host arenas only; release the view after use)."""
         if isinstance(self.arena, DeviceArena):
-            raise TypeError("a device arena has no host view")
+            raise NoHostViewError("a device arena has no host view")
         start = slot * self.slot_bytes
         return memoryview(self.arena)[start : start + length]
 

@@ -153,7 +153,7 @@ class SnapshotDir:
             try:
                 m = json.loads((self.root / f"{snap_id}.json").read_text())
                 if not (self.root / f"{snap_id}.zst").is_file():
-                    raise ValueError("object missing")
+                    raise CorruptSliceError(f"snapshot {snap_id}: object missing")
                 entries = tuple(
                     SliceMeta(
                         hash=int(e["hash"]),

@@ -1,0 +1,93 @@
+"""The benchmarks' one child process: `Proc`, a `gateway.launch.process.ProcessTree` (a
+session of its own, so a signal reaches exactly this part, and its whole tree stopped) that
+logs to a file and can be started again from the same argv and environment.
+
+Used synchronously by the fault and soak benchmarks (`bench.sim_fleet`, `bench.chaos_*`:
+`start()` again, `signal()`, `kill()`, `stop()`) and from asyncio by the side-by-side runs
+(`bench.peers`, `bench.overhead_ab`: `await Proc.spawn(...)`, `await proc.wait_http(url)`,
+`await proc.stop_async()`), which keep the event loop free while a child forks, answers
+or stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gateway.launch.process import ProcessTree, wait_http
+
+
+class Proc:
+    """One restartable child, started at construction. `env` is added to ours (and
+    PYTHONUNBUFFERED=1, so a log's tail is current)."""
+
+    def __init__(
+        self, name: str, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.args = list(args)
+        self.log_path = log
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.tree: ProcessTree | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start the child (again, after a stop or a kill) from the same argv and env."""
+        self.tree = ProcessTree.start(self.name, self.args, self.log_path, env=self.env)
+
+    @classmethod
+    async def spawn(
+        cls, name: str, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> Proc:
+        """Start the process off the event loop (fork/exec and the log file's open)."""
+        return await asyncio.to_thread(cls, name, args, log, env)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.tree.proc if self.tree is not None else None
+
+    @property
+    def pid(self) -> int:
+        assert self.tree is not None
+        return self.tree.pid
+
+    def alive(self) -> bool:
+        return self.tree is not None and self.tree.alive()
+
+    def tail(self, n: int = 30) -> str:
+        """The log's last `n` lines."""
+        return self.tree.tail(n) if self.tree is not None else ""
+
+    def signal(self, sig: int) -> None:
+        """Signal the child's process group (SIGSTOP / SIGCONT: a frozen part)."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+
+    async def wait_http(self, url: str, timeout_s: float = 60.0, expect: int = 200) -> None:
+        """Poll `url` until it answers `expect`; raise with the log's tail if the child exits
+        first or it never does (`gateway.launch.process.wait_http`)."""
+        assert self.tree is not None
+        await asyncio.to_thread(wait_http, self.tree, url, timeout_s, expect)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the tree, SIGKILL what is left after `timeout_s` (a frozen tree is thawed
+        first: a stopped process cannot act on SIGTERM)."""
+        if self.tree is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.tree.stop(timeout_s)
+
+    async def stop_async(self, timeout_s: float = 10.0) -> None:
+        """`stop()` off the event loop."""
+        await asyncio.to_thread(self.stop, timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL the child and its tree now (a crash)."""
+        if self.tree is not None:
+            self.tree.kill_all()
