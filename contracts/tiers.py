@@ -8,13 +8,34 @@
 - `Tier.SNAPSHOT` ("snapshot"): cold compressed snapshots of that instance's tierd. Medium:
   tierd `SNAPSHOT`.
 
-The value orders tiers by cost (fastest first). The simulator's history called these
-L1/L2/array/L3; those names are gone. Mediums are the strings KV events carry: vLLM's
-(`GPU`, `CPU`, `STORAGE`; vLLM on CPU still says `GPU` for its own cache) and tierd's own.
+The value orders tiers by cost (fastest first); `len(Tier)` is the number of residency bits
+the router's index keeps per instance (`router.index`). Mediums are the strings KV events
+carry: vLLM's (`GPU`, `CPU`, `STORAGE`; vLLM on CPU still says `GPU` for its own cache) and
+tierd's own.
+
+Bandwidths into HBM from each slower tier are defined here once (`DEFAULT_BANDWIDTH_BPS`):
+the simulator's profiles (`sim.profiles`, a `Tier`-keyed map), tierd's emulated links
+(`tierd.emulation`) and the ttft cost model's prior (`router.cost`, by label) take them from
+here.
+
+tierd's three levels keep the names of its wire formats (its HTTP/JSON API, KV socket, stats
+and metrics), a remnant of the simulator's L1/L2/L3 history; what each level is, is defined
+once, in `TIERD_LEVELS`, and tierd, the simulated engine and the connector translate through it:
+
+| level (tierd/tiers/)       | `Tier`     | API name (lookup, evict) | medium     | stats key  |
+|----------------------------|------------|--------------------------|------------|------------|
+| arena, L1 (`l1_arena`)     | `HOST`     | `GPU`                    | `CPU`      | `l1`       |
+| array, L2 (`l2_array`)     | `ARRAY`    | `ARRAY`                  | `ARRAY`    | `array`    |
+| snaps, L3 (`l3_snapshots`) | `SNAPSHOT` | `SNAPSHOT`               | `SNAPSHOT` | `snapshot` |
+
+tierd's measured and configured bandwidths (`/v1/stats` `bandwidth_bytes_per_s`) are keyed by
+`Tier.label` ("host", "array", "snapshot"), as every bandwidth map is. The simulated engine's
+`warmgate_sim_tier_loaded_tokens` labels (`sim.engine.tiers.LOADED_LABEL`) are keyed by `Tier`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -70,3 +91,21 @@ def tier_of_medium(medium: str | None) -> Tier | None:
     """The tier of an event's medium (none given means vLLM's own cache); None when the
     medium is unknown, and the event is then skipped."""
     return TIER_OF_MEDIUM.get((medium or Medium.GPU).upper())
+
+
+@dataclass(frozen=True, slots=True)
+class TierdLevel:
+    """One of tierd's three levels: the tier it is and the names its wire formats keep."""
+
+    tier: Tier
+    name: str  # tierd's API: `lookup`'s `tiers`/`leading`/`counts`, `evict(tier=)`, KV socket
+    medium: str  # what its KV events carry (`TIER_OF_MEDIUM[medium]` is `tier`)
+    key: str  # in `/v1/stats` (`tiers`, `hits`, `evictions`, ...) and tierd's metric labels
+
+
+TIERD_ARENA = TierdLevel(Tier.HOST, "GPU", Medium.CPU, "l1")  # host memory in front of HBM
+TIERD_ARRAY = TierdLevel(Tier.ARRAY, "ARRAY", Medium.ARRAY, "array")
+TIERD_SNAPSHOT = TierdLevel(Tier.SNAPSHOT, "SNAPSHOT", Medium.SNAPSHOT, "snapshot")
+TIERD_LEVELS: tuple[TierdLevel, ...] = (TIERD_ARENA, TIERD_ARRAY, TIERD_SNAPSHOT)
+TIERD_LEVEL_BY_NAME: dict[str, TierdLevel] = {lv.name: lv for lv in TIERD_LEVELS}
+TIERD_LEVEL_OF_TIER: dict[Tier, TierdLevel] = {lv.tier: lv for lv in TIERD_LEVELS}

@@ -251,6 +251,8 @@ class ReuseBudget:
 
 
 _HBM = Tier.HBM.label
+# a tier a hand-written `bandwidths` map leaves out (not one of the contracts' figures)
+_UNLISTED_BPS = 1e9
 
 
 class _InstanceModel:
@@ -325,7 +327,7 @@ class TtftCostModel:
         own = self._bandwidths.get(instance)
         if own is not None and label in own:
             return own[label]
-        return self.params.bandwidths.get(label, 1e9)
+        return self.params.bandwidths.get(label, _UNLISTED_BPS)
 
     def _model(self, instance: str) -> _InstanceModel:
         m = self._models.get(instance)

@@ -3,10 +3,11 @@
 How it works, and why it is this shape (memory is bounded and measured, lookups are hot):
 
 - One table maps `block_hash -> packed int`. Each instance (including the pseudo-instance
-  `ARRAY`, the shared storage array) gets a small integer id and a 5-bit field in that int:
-  bit 0 HBM (reported), bit 1 HOST, bit 2 ARRAY, bit 3 SNAPSHOT, bit 4 P (predicted HBM, from
-  predict-on-route). Packed values repeat a lot, so they are interned (bounded): an entry
-  costs a table slot, not an object per instance. The table is `accel.new_block_map()`: a
+  `ARRAY`, the shared storage array) gets a small integer id and a field of `len(Tier) + 1`
+  bits (5) in that int: one per `contracts.tiers.Tier`, at its value (bit 0 HBM (reported),
+  bit 1 HOST, bit 2 ARRAY, bit 3 SNAPSHOT), then P (predicted HBM, from predict-on-route).
+  Packed values repeat a lot, so they are interned (bounded): an entry costs a table slot,
+  not an object per instance. The table is `accel.new_block_map()`: a
   C `BlockMap` (open addressing; a 16-byte slot holds the u64 key itself and the value
   pointer, at most 70% full) or, without the extension, a plain dict; both take the same
   calls (`get`, `[]=`, `pop`, `len`, `items`, `accel.lookup_runs`).
@@ -64,10 +65,13 @@ if TYPE_CHECKING:
 
 ARRAY = "__array__"  # pseudo-instance holding the blocks of the shared storage array
 
-_WIDTH = 5
+# An instance's field: one residency bit per tier, at the tier's value, then the predicted-HBM
+# flag; the width follows `contracts.tiers.Tier`.
+_TIER_BIT = {t: int(t) for t in Tier}
+_PRED = len(Tier)  # bit offset of the predicted-HBM flag inside an instance's field
+_WIDTH = _PRED + 1
 _FIELD = (1 << _WIDTH) - 1
-_PRED = 4  # bit offset of the predicted-HBM flag inside an instance's field
-_TIER_BIT = {Tier.HBM: 0, Tier.HOST: 1, Tier.ARRAY: 2, Tier.SNAPSHOT: 3}
+_ABOVE = (1 << (_WIDTH - 1)) - 1  # a field's bits above its lowest, shifted down by one
 _INTERN_MAX = 1 << 16
 
 DEFAULT_TTL_S = 300.0
@@ -75,14 +79,12 @@ DEFAULT_CAPACITY_BLOCKS = 1 << 20
 
 
 def _best_tier(field: int) -> Tier | None:
-    if field & 0b10001:
+    """The fastest tier a field holds the block in (a predicted HBM block counts as HBM)."""
+    if field & (1 << _PRED):
         return Tier.HBM
-    if field & 0b00010:
-        return Tier.HOST
-    if field & 0b00100:
-        return Tier.ARRAY
-    if field & 0b01000:
-        return Tier.SNAPSHOT
+    for tier in Tier:  # fastest first
+        if field & (1 << _TIER_BIT[tier]):
+            return tier
     return None
 
 
@@ -337,14 +339,18 @@ class PrefixIndex:
         self._expire(self._array_id, t)
         if not ids or not hashes:
             return result
-        # presence of each instance's field, folded onto its lowest bit
+        # presence of each instance's field, folded onto its lowest bit, for any field width:
+        # a field's upper bits shifted down one, plus all ones there, carry into the field's
+        # top bit exactly when one of them is set, and never into the next field
         low = alive
+        rest = low * _ABOVE
+        top = _WIDTH - 1
         array_field = _FIELD << (self._array_id * _WIDTH)
         segments: list[tuple[int, int, int]] = []  # (packed value, blocks, alive mask)
         # runs of equal consecutive packed values, up to the first block held nowhere
         for v, n in accel.lookup_runs(self._blocks, hashes):
             if not v & array_field:  # the shared array serves every instance
-                alive &= (v | v >> 1 | v >> 2 | v >> 3 | v >> 4) & low
+                alive &= (v | (((v >> 1) & rest) + rest) >> top) & low
             if not alive:
                 break
             segments.append((v, n, alive))

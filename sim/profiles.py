@@ -13,11 +13,17 @@ batch of B sequences whose KV totals K tokens:
 
 `step_base` reads the weights once per step (memory bound), `per_kv_token` reads each
 sequence's KV (bytes per token / HBM bandwidth). Each profile names its source.
+
+Loads from the slower tiers take `tokens x kv_bytes_per_token / bandwidths[tier]`, the
+bandwidths keyed by `contracts.tiers.Tier` and, unless a profile says otherwise (`zero`: free
+loads), `contracts.tiers.DEFAULT_BANDWIDTH_BPS`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from contracts.errors import ConfigurationError
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
@@ -25,13 +31,14 @@ from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
 GIB = 1024**3
 
 
-@dataclass(frozen=True, slots=True)
-class TierBandwidths:
-    """Bytes per second into accelerator memory from each slower tier."""
+def default_bandwidths() -> dict[Tier, float]:
+    """Bytes per second into HBM from each slower tier: the reference deployment's,
+    `contracts.tiers.DEFAULT_BANDWIDTH_BPS` (a copy, so no profile can change them)."""
+    return dict(DEFAULT_BANDWIDTH_BPS)
 
-    l2_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.HOST]  # host memory -> HBM
-    array_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.ARRAY]  # the shared array -> HBM
-    l3_to_l1: float = DEFAULT_BANDWIDTH_BPS[Tier.SNAPSHOT]  # cold snapshots -> HBM
+
+class ProfileBandwidthError(ConfigurationError, ValueError):
+    """A profile whose bandwidths miss a tier slower than HBM or are not positive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +55,20 @@ class Profile:
     kv_capacity_tokens: int  # HBM left for KV after weights and activations
     max_batch_tokens: int = 8192  # chunked-prefill token budget per step
     max_num_seqs: int = 64
-    bandwidths: TierBandwidths = TierBandwidths()
+    # bytes/s into HBM by tier (every tier slower than HBM): the contracts' defaults unless a
+    # profile overrides them
+    bandwidths: Mapping[Tier, float] = field(default_factory=default_bandwidths)
+
+    def __post_init__(self) -> None:
+        bad = [
+            t.label
+            for t in DEFAULT_BANDWIDTH_BPS
+            if not self.bandwidths.get(t, 0.0) > 0 or not math.isfinite(self.bandwidths[t])
+        ]
+        if bad:
+            raise ProfileBandwidthError(
+                f"profile {self.name!r}: no positive finite bandwidth for {', '.join(bad)}"
+            )
 
     def prefill_seconds(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         """Time to prefill `uncached_tokens` new tokens that follow `cached_tokens` cached ones."""
@@ -134,7 +154,8 @@ PROFILES: dict[str, Profile] = {
             step_per_seq_s=0.0,
             step_per_kv_token_s=0.0,
             kv_capacity_tokens=10_000_000,
-            bandwidths=TierBandwidths(l2_to_l1=1e18, array_to_l1=1e18, l3_to_l1=1e18),
+            # this profile's own figures, deliberately not the defaults: loads are free
+            bandwidths=dict.fromkeys(DEFAULT_BANDWIDTH_BPS, 1e18),
         ),
     )
 }

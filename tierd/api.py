@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from contracts.tiers import TIERD_ARENA
 from tierd.daemon import MEDIUMS, Daemon
 from tierd.metrics import make_registry
 from tierd.settings import TierdSettings
@@ -38,7 +39,7 @@ class ChainBody(BaseModel):
 
 class EvictBody(BaseModel):
     hashes: list[Hash] | None = None  # None: the whole tier
-    tier: str = "GPU"
+    tier: str = TIERD_ARENA.name  # "GPU"
 
 
 class SnapshotBody(BaseModel):

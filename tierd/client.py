@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from contracts.errors import UpstreamError
+from contracts.tiers import TIERD_ARENA
 
 
 class TierdError(UpstreamError, RuntimeError):
@@ -128,7 +129,7 @@ class TierdClient:
             raise TierdError(r.status_code, r.text)
         return r.content
 
-    async def evict(self, hashes: Sequence[int] | None = None, tier: str = "GPU") -> int:
+    async def evict(self, hashes: Sequence[int] | None = None, tier: str = TIERD_ARENA.name) -> int:
         """Evict from one tier (GPU demotes per the gate; ARRAY/SNAPSHOT delete)."""
         body = {"hashes": None if hashes is None else list(hashes), "tier": tier}
         result = await self._json("POST", "/v1/evict", body)

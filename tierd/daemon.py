@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts.errors import InputError
+from contracts.tiers import TIERD_LEVELS
 from tierd import events as ev
 from tierd.engine_events import EngineEvents
 from tierd.events import EventPublisher
@@ -22,7 +23,7 @@ from tierd.snapshotter import Snapshotter
 from tierd.stats import store_stats
 from tierd.store import TieredStore
 
-MEDIUMS = (ev.GPU, ev.ARRAY, ev.SNAPSHOT)
+MEDIUMS = tuple(lv.name for lv in TIERD_LEVELS)  # tierd's names of its levels (its API)
 
 log = logging.getLogger("tierd")
 

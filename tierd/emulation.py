@@ -1,7 +1,9 @@
 """Emulated transfer time: charge each load into L1 the time the real model's KV would take.
 
-tierd cannot import `sim`, so it keeps a small table of its own with the same numbers as
-`sim.profiles` (KV bytes per token and tier bandwidths, bytes/s; sources: PROTOCOLS §5–6):
+tierd cannot import `sim`, so it keeps a small table of its own, named as `sim.profiles`'
+profiles: KV bytes per token (the same as the simulator's profile of that name,
+tests/unit/test_tier_vocabulary.py checks it) and tier bandwidths, bytes/s, taken from
+`contracts.tiers.DEFAULT_BANDWIDTH_BPS` as the simulator's are (sources: PROTOCOLS §5–6):
 ``array`` is the shared array → HBM path, ``snapshot`` is cold snapshots read + decompress.
 A slice put with a token count is charged tokens × KV bytes per token; without one, its
 payload length. Each tier is one link: transfers queue on it (start = max(now, busy until),

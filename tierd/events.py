@@ -5,7 +5,8 @@ Events are queued synchronously by the store (no I/O on its path) and flushed as
 `EventBatch` every `flush_interval_s`, in the array encoding. tierd's locations are named
 `GPU` (its arena), `ARRAY` and `SNAPSHOT` in its own API; on the wire they carry the mediums of
 `contracts.tiers`: the arena is host memory in front of the engine's own cache
-(`Medium.CPU`, `Tier.HOST`), the shared array `Medium.ARRAY`, snapshots `Medium.SNAPSHOT`.
+(`Medium.CPU`, `Tier.HOST`), the shared array `Medium.ARRAY`, snapshots `Medium.SNAPSHOT`
+(both defined once, per level, in `contracts.tiers.TIERD_LEVELS`).
 tierd knows a slice's token count, not its token ids: `token_ids` is empty and `block_size`
 carries the count (0 when unknown). Each batch goes out on a ZMQ PUB socket (frames: topic,
 8-byte big-endian seq from 0, payload) and, when Redis is configured, is XADDed to the pool's
@@ -41,15 +42,15 @@ from contracts.redis_keys import (
     STREAM_FIELD_SEQ,
     stream_key,
 )
-from contracts.tiers import Medium
+from contracts.tiers import TIERD_ARENA, TIERD_ARRAY, TIERD_LEVELS, TIERD_SNAPSHOT
 
-# tierd's own names for where a slice is (its API: lookup, evict, stats)
-GPU = "GPU"  # its arena (host memory in front of the engine's cache, or a device arena)
-ARRAY = "ARRAY"
-SNAPSHOT = "SNAPSHOT"
+# tierd's own names for where a slice is (its API: lookup, evict, stats): `contracts.tiers`
+GPU = TIERD_ARENA.name  # its arena (host memory in front of the engine's cache, or a device arena)
+ARRAY = TIERD_ARRAY.name
+SNAPSHOT = TIERD_SNAPSHOT.name
 
-# the medium each location carries in KV events (`contracts.tiers`)
-EVENT_MEDIUM = {GPU: Medium.CPU, ARRAY: Medium.ARRAY, SNAPSHOT: Medium.SNAPSHOT}
+# the medium each location carries in KV events
+EVENT_MEDIUM = {lv.name: lv.medium for lv in TIERD_LEVELS}
 
 log = logging.getLogger("tierd.events")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import ConfigurationError
+from contracts.tiers import Tier
 from tierd import events as ev
 from tierd.counters import ThroughputMeter
 from tierd.hints import HintLedger
@@ -69,7 +70,7 @@ class KvServer:
         self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         # L1 -> engine: from the load request to the release, so the engine's copy counts
-        self.host_meter = store.meters.setdefault("host", ThroughputMeter())
+        self.host_meter = store.meters.setdefault(Tier.HOST.label, ThroughputMeter())
 
     async def start(self) -> None:
         if self.store.l1.shm_fd is None:

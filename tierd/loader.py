@@ -18,6 +18,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 
+from contracts.tiers import TIERD_ARRAY, TIERD_LEVEL_BY_NAME, Tier
 from tierd.slices import CorruptSliceError, Payload, SliceMeta
 from tierd.store import TieredStore
 
@@ -145,8 +146,8 @@ class Loader:
         if data is None:
             st.counters.hits["miss"] += 1
             return None
-        tier = {"GPU": "l1", "ARRAY": "array", "SNAPSHOT": "snapshot"}.get(source or "", "array")
-        st.counters.hits[tier] += 1
+        level = TIERD_LEVEL_BY_NAME.get(source or "", TIERD_ARRAY)
+        st.counters.hits[level.key] += 1
         st.counters.bytes_moved["get"] += len(data)
         return data
 
@@ -170,7 +171,7 @@ class Loader:
             st.note_corrupt("array", corrupt)
         charged = sum(st.emulator.charged_bytes(m.length, m.tokens) for m, _ in good)
         await st.emulator.array.transfer(charged)
-        st.meters["array"].record(charged, t0, time.monotonic())
+        st.meters[Tier.ARRAY.label].record(charged, t0, time.monotonic())
         st.counters.bytes_moved["array_to_l1"] += sum(m.length for m, _ in good)
         for m, _ in good:
             st.array_add(m.hash, m)
@@ -199,7 +200,7 @@ class Loader:
         st.touch_snapshot(sid)
         charged = sum(st.emulator.charged_bytes(m.length, m.tokens) for m, _ in items)
         await st.emulator.snapshot.transfer(charged)
-        st.meters["snapshot"].record(charged, t0, time.monotonic())
+        st.meters[Tier.SNAPSHOT.label].record(charged, t0, time.monotonic())
         st.counters.bytes_moved["snapshot_to_l1"] += sum(m.length for m, _ in items)
         wanted = set(hashes)
         first = [it for it in items if it[0].hash in wanted]

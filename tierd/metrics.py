@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from contracts.tiers import TIERD_ARENA, TIERD_ARRAY, TIERD_SNAPSHOT
 from tierd.daemon import Daemon
 
 
@@ -47,16 +48,18 @@ class TierdCollector(Collector):
         usage = GaugeMetricFamily(
             "tierd_tier_usage_bytes", "Bytes held per tier.", labels=["instance", "tier"]
         )
-        usage.add_metric([inst, "l1"], st.l1.used_bytes)
-        usage.add_metric([inst, "array"], st.array_bytes)
-        usage.add_metric([inst, "snapshot"], sum(s.object_bytes for s in st.snapshots.values()))
+        usage.add_metric([inst, TIERD_ARENA.key], st.l1.used_bytes)
+        usage.add_metric([inst, TIERD_ARRAY.key], st.array_bytes)
+        usage.add_metric(
+            [inst, TIERD_SNAPSHOT.key], sum(s.object_bytes for s in st.snapshots.values())
+        )
         yield usage
         slices = GaugeMetricFamily(
             "tierd_tier_slices", "Slices held per tier.", labels=["instance", "tier"]
         )
-        slices.add_metric([inst, "l1"], len(st.l1))
-        slices.add_metric([inst, "array"], len(st.array_index))
-        slices.add_metric([inst, "snapshot"], len(st.snap_index))
+        slices.add_metric([inst, TIERD_ARENA.key], len(st.l1))
+        slices.add_metric([inst, TIERD_ARRAY.key], len(st.array_index))
+        slices.add_metric([inst, TIERD_SNAPSHOT.key], len(st.snap_index))
         yield slices
         bw = GaugeMetricFamily(
             "tierd_measured_bandwidth_bytes_per_second",

@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from contracts.errors import InputError
+from contracts.slices import HASH_MASK
 from tierd.native import crc32c
 
 MAGIC = b"WGSL"
@@ -23,7 +24,7 @@ _TAIL = struct.Struct("<II")
 HEADER_BYTES = _BODY.size + _TAIL.size  # 48
 _HAS_PARENT = 1
 _HAS_TOKENS = 2
-U64 = (1 << 64) - 1
+U64 = HASH_MASK  # the largest slice hash (`contracts.slices`)
 
 Payload = bytes | memoryview  # a slice's bytes; a view avoids copying out of a read buffer
 

@@ -1,11 +1,12 @@
 """The `/v1/stats` document of one store: tier usage, measured and configured bandwidths,
-counters, events. (Prometheus reads the same numbers: `tierd.metrics`.)"""
+counters, events. (Prometheus reads the same numbers: `tierd.metrics`.) Each level's key and
+medium are `contracts.tiers.TIERD_LEVELS`'; bandwidths are keyed by `Tier.label`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tierd import events as ev
+from contracts.tiers import TIERD_ARENA, TIERD_ARRAY, TIERD_SNAPSHOT
 from tierd.store import TieredStore
 
 
@@ -15,8 +16,8 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
         "ready": st.ready,
         "slice_bytes": st.settings.slice_bytes,
         "tiers": {
-            "l1": {
-                "medium": ev.EVENT_MEDIUM[ev.GPU],
+            TIERD_ARENA.key: {
+                "medium": TIERD_ARENA.medium,
                 "backend": st.l1.backend,
                 "slots": st.l1.slots,
                 "slices": len(st.l1),
@@ -26,16 +27,16 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
                 "protected_slices": st.sessions.protected_count,
                 "sessions": len(st.sessions),
             },
-            "array": {
-                "medium": ev.EVENT_MEDIUM[ev.ARRAY],
+            TIERD_ARRAY.key: {
+                "medium": TIERD_ARRAY.medium,
                 "dir": str(st.settings.array_dir),
                 "o_direct": st.array.direct,
                 "slices": len(st.array_index),
                 "used_bytes": st.array_bytes,
                 "capacity_bytes": st.settings.array_bytes or None,
             },
-            "snapshot": {
-                "medium": ev.EVENT_MEDIUM[ev.SNAPSHOT],
+            TIERD_SNAPSHOT.key: {
+                "medium": TIERD_SNAPSHOT.medium,
                 "dir": str(st.settings.snapshot_dir),
                 "snapshots": len(st.snapshots),
                 "slices": len(st.snap_index),
@@ -44,13 +45,14 @@ def store_stats(st: TieredStore) -> dict[str, Any]:
             },
         },
         "bandwidth_bytes_per_s": {
-            # in emulated seconds, like the engines' clock: wall rate x time scale
+            # by Tier.label (the gateway reads them so); in emulated seconds, like the engines'
+            # clock: wall rate x time scale
             "measured": {
                 k: _emulated(m.rate(), st.emulator.time_scale) for k, m in st.meters.items()
             },
             "configured": {
-                "array": st.emulator.array.bytes_per_s or None,
-                "snapshot": st.emulator.snapshot.bytes_per_s or None,
+                TIERD_ARRAY.tier.label: st.emulator.array.bytes_per_s or None,
+                TIERD_SNAPSHOT.tier.label: st.emulator.snapshot.bytes_per_s or None,
             },
         },
         "emulation": st.emulator.describe(),

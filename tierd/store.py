@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from contracts.errors import InputError
+from contracts.tiers import Tier
 from tierd import events as ev
 from tierd.chain_lookup import chain_summary, probe_array
 from tierd.counters import DropLog, StoreCounters, ThroughputMeter
@@ -89,7 +90,8 @@ class TieredStore:
         self.snap_ids: dict[int, str] = {}
         self.snapshot_bytes = 0
         self._snap_seq = itertools.count(1)
-        self.meters = {"array": ThroughputMeter(), "snapshot": ThroughputMeter()}
+        # load rates into L1 by Tier.label (the KV socket adds "host": L1 -> the engine)
+        self.meters = {Tier.ARRAY.label: ThroughputMeter(), Tier.SNAPSHOT.label: ThroughputMeter()}
         self.ready = False
         self._room = asyncio.Lock()
         self._evicting: set[int] = set()

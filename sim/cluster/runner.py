@@ -31,7 +31,6 @@ Prior = Literal["generic", "oracle"]  # where ttft's cost model starts
 
 def cost_params(profile: Profile) -> CostParams:
     """The `ttft` cost model's starting point, taken from a timing profile."""
-    bw = profile.bandwidths
     return CostParams(
         prefill_overhead_s=profile.prefill_overhead_s,
         prefill_per_token_s=profile.prefill_per_token_s,
@@ -41,7 +40,7 @@ def cost_params(profile: Profile) -> CostParams:
         step_per_kv_token_s=profile.step_per_kv_token_s,
         max_batch_tokens=profile.max_batch_tokens,
         kv_bytes_per_token=profile.kv_bytes_per_token,
-        bandwidths={"host": bw.l2_to_l1, "array": bw.array_to_l1, "snapshot": bw.l3_to_l1},
+        bandwidths={tier.label: bps for tier, bps in profile.bandwidths.items()},
     )
 
 

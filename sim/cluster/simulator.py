@@ -107,6 +107,8 @@ class ClusterSimulator:
             raise SimulatorParamsError("rate_scale must be positive")
         self.config = config
         self.profile: Profile = profile or get_profile(config.profile)
+        # bytes/s of each instance's links, by the label its loads are counted under
+        self._rates = {t.label: bps for t, bps in self.profile.bandwidths.items()}
         self.clock = clock or SimClock()
         self.names = config.instance_names()
         bt = config.block_tokens
@@ -264,8 +266,7 @@ class ClusterSimulator:
             j += 1
         if not req.loaded_from:
             return self.now
-        bw = self.profile.bandwidths
-        rates = {_HOST: bw.l2_to_l1, _ARRAY: bw.array_to_l1}
+        rates = self._rates
         ready = self.now
         links = self._links[k]
         for tier, n in tokens.items():

@@ -11,9 +11,10 @@ slices this engine stores. Block j of that chain covers the prompt tokens
   that covers the whole chain (then tierd is not asked at all), tierd is asked how long a
   leading run of the chain it holds (`lookup`), and the slices past the HBM hit are fetched
   (`get_slice`: real bytes, verified against the pattern they were stored with). The
-  transfer time of the real model's KV (profile `kv_bytes_per_token` over the
-  tier's bandwidth: tierd's GPU arena at `l2_to_l1`, the array at `array_to_l1`, snapshots
-  at `l3_to_l1`) is slept, scaled, in the request's own coroutine, like vLLM's asynchronous
+  transfer time of the real model's KV (profile `kv_bytes_per_token` over the tier's
+  bandwidth, `profile.bandwidths[tier]`, the tier of the level tierd names,
+  `contracts.tiers.TIERD_LEVEL_BY_NAME`: its arena `GPU` is `Tier.HOST`) is slept, scaled,
+  in the request's own coroutine, like vLLM's asynchronous
   KV loads: the batch goes on meanwhile. When tierd itself emulates link time
   (`tierd serve --emulate`), only its arena hits are charged here, the rest was its sleep.
   The loaded tokens then count as cached (engine blocks, the last prompt token excluded).
@@ -33,13 +34,17 @@ from typing import Any
 
 import httpx
 
+from contracts.tiers import TIERD_ARENA, TIERD_LEVEL_BY_NAME, Tier
 from router.blocks import chain_seed, hash_blocks
 from sim.profiles import Profile
 from tierd.client import TierdClient, TierdError
 
 log = logging.getLogger("sim.engine.tiers")
 
-TIER_NAMES = {"GPU": "l2", "ARRAY": "array", "SNAPSHOT": "l3"}
+# the `tier` label of `warmgate_sim_tier_loaded_tokens` for the tier a load came from (tierd's
+# answer names its level, `contracts.tiers.TIERD_LEVEL_BY_NAME`): the simulated engine's own
+# names, from the engine's view (its HBM the first level), kept because bench reads them
+LOADED_LABEL: dict[Tier, str] = {Tier.HOST: "l2", Tier.ARRAY: "array", Tier.SNAPSHOT: "l3"}
 
 
 def payload_for(block_hash: int, nbytes: int) -> bytes:
@@ -144,14 +149,12 @@ class TierBackend:
         per_block = self.block_chars * prompt_tokens / max(len(text), 1)
         return TierPlan(chain, per_block, prompt_tokens, session)
 
-    def bandwidth(self, medium: str) -> float | None:
-        """Bytes/s this engine charges for a load from `medium`; None: tierd charged it."""
-        bw = self.profile.bandwidths
-        if medium == "GPU":
-            return bw.l2_to_l1
-        if self.tierd_emulates:
+    def bandwidth(self, tier: Tier) -> float | None:
+        """Bytes/s this engine charges for a load from `tier`; None: tierd charged it (an
+        emulating tierd sleeps its array and snapshot links, never its arena)."""
+        if self.tierd_emulates and tier is not TIERD_ARENA.tier:
             return None
-        return bw.array_to_l1 if medium == "ARRAY" else bw.l3_to_l1
+        return self.profile.bandwidths[tier]
 
     async def fetch(self, plan: TierPlan, hbm_tokens: int) -> None:
         """Load the slices past the HBM hit from tierd and sleep their transfer time."""
@@ -188,9 +191,10 @@ class TierBackend:
             end = min(end, limit)
             if end <= start:
                 break
-            tier = TIER_NAMES.get(tiers[j], "l2")
-            plan.loaded_by_tier[tier] = plan.loaded_by_tier.get(tier, 0) + end - start
-            bw = self.bandwidth(tiers[j])
+            level = TIERD_LEVEL_BY_NAME.get(tiers[j], TIERD_ARENA)
+            label = LOADED_LABEL[level.tier]
+            plan.loaded_by_tier[label] = plan.loaded_by_tier.get(label, 0) + end - start
+            bw = self.bandwidth(level.tier)
             if bw is not None:
                 plan.load_seconds += self.profile.load_seconds(end - start, bw)
             loaded_end = end

@@ -18,7 +18,7 @@ from sim.cluster.probe import probe_samples, probe_ttft
 from sim.cluster.reuse import reusable_share, reusable_tokens, share_of_reusable
 from sim.cluster.runner import run_policy
 from sim.cluster.simulator import ClusterConfig, ClusterSimulator, RunRecord, SimClock
-from sim.profiles import Profile, TierBandwidths
+from sim.profiles import Profile
 from sim.traces import TraceRequest, write_mooncake
 
 # 1 ms per prefilled token, 10 ms per decode step, nothing else: easy to check by hand
@@ -34,7 +34,7 @@ SIMPLE = Profile(
     step_per_kv_token_s=0.0,
     kv_capacity_tokens=10_000,
     max_batch_tokens=8192,
-    bandwidths=TierBandwidths(l2_to_l1=1e6, array_to_l1=1e5, l3_to_l1=1e5),
+    bandwidths={Tier.HOST: 1e6, Tier.ARRAY: 1e5, Tier.SNAPSHOT: 1e5},
 )
 
 
@@ -102,7 +102,7 @@ def test_eviction_demotes_to_the_array_and_reuse_loads_from_it() -> None:
     sim, run = _run(trace, cfg)
     again = run.requests[2]
     assert again.cached_by_tier == {"array": 30}
-    load_s = 30 * SIMPLE.kv_bytes_per_token / SIMPLE.bandwidths.array_to_l1  # 0.3 s
+    load_s = 30 * SIMPLE.kv_bytes_per_token / SIMPLE.bandwidths[Tier.ARRAY]  # 0.3 s
     assert again.ttft_s == pytest.approx(load_s + 0.010)
     summary = summarise("round_robin", run)
     assert summary["hit_rate_by_tier"]["array"] == pytest.approx(30 / 120)

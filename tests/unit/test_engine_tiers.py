@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from contracts.tiers import Tier
 from router.blocks import chain_seed, hash_blocks
 from sim.engine.tiers import TierBackend, TierPlan, payload_for
 from sim.profiles import get_profile
@@ -45,12 +46,12 @@ async def test_bandwidths_charged_with_and_without_tierd_emulation() -> None:
     backend = TierBackend("http://127.0.0.1:1", PROFILE, "m", time_scale=1.0, block_tokens=16)
     try:
         bw = PROFILE.bandwidths
-        assert backend.bandwidth("GPU") == bw.l2_to_l1
-        assert backend.bandwidth("ARRAY") == bw.array_to_l1
-        assert backend.bandwidth("SNAPSHOT") == bw.l3_to_l1
+        assert backend.bandwidth(Tier.HOST) == bw[Tier.HOST]  # tierd's arena, its `GPU`
+        assert backend.bandwidth(Tier.ARRAY) == bw[Tier.ARRAY]
+        assert backend.bandwidth(Tier.SNAPSHOT) == bw[Tier.SNAPSHOT]
         backend.tierd_emulates = True  # tierd sleeps array and snapshot links itself
-        assert backend.bandwidth("GPU") == bw.l2_to_l1
-        assert backend.bandwidth("ARRAY") is None and backend.bandwidth("SNAPSHOT") is None
+        assert backend.bandwidth(Tier.HOST) == bw[Tier.HOST]
+        assert backend.bandwidth(Tier.ARRAY) is None and backend.bandwidth(Tier.SNAPSHOT) is None
     finally:
         await backend.close()
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from contracts.errors import UpstreamError
+from contracts.slices import normalize
 from tierd.connector import copy_bench
 from tierd.connector.saver import AsyncSaver
 from tierd.connector.worker import BlockMover
@@ -79,7 +80,7 @@ def round_trip(layout: str, device: str, torch_copies: bool, sock: Path) -> dict
         kv, NUM_BLOCKS, str(sock), "device-check", counters, torch_copies=torch_copies
     )
     blocks = [3, 4, 9, 30]
-    keys = [hash((layout, torch_copies, b)) & ((1 << 64) - 1) for b in blocks]
+    keys = [normalize(hash((layout, torch_copies, b))) for b in blocks]
     want = base.clone()
     # as the connector saves by default: on the saver's thread, after the engine's stream
     saver = AsyncSaver(mover, counters)

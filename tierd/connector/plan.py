@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from contracts.errors import ConfigurationError
 from contracts.slices import normalize as block_key  # the slice-key rule's one owner
+from contracts.tiers import TIERD_ARENA
 
 __all__ = ["block_key"]
 
@@ -116,6 +117,6 @@ def due_saves(
 def hit_sources(plan: ReqPlan, num_external_tokens: int, block_size: int) -> dict[str, int]:
     """Split an external hit by medium: tierd's host memory (L1) first, the rest from the
     array or snapshots (disk). Sums to `num_external_tokens`."""
-    host = min(num_external_tokens, plan.tiers.get("GPU", 0) * block_size)
+    host = min(num_external_tokens, plan.tiers.get(TIERD_ARENA.name, 0) * block_size)
     out = {"host": host, "disk": num_external_tokens - host}
     return {k: v for k, v in out.items() if v > 0}

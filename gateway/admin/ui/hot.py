@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.slices import normalize
 from router.types import Decision, RouteRequest
 
 
@@ -117,5 +118,5 @@ class HotTracker:
 
         return {
             "sessions": rows(self.sessions, str),
-            "prefixes": rows(self.prefixes, lambda h: f"{h & 0xFFFFFFFFFFFFFFFF:016x}"),
+            "prefixes": rows(self.prefixes, lambda h: f"{normalize(h):016x}"),
         }
