@@ -139,7 +139,13 @@ def build_state(settings: Settings) -> AppState:
     metrics.gc_pauses.install()
     state.closers.append(metrics.gc_pauses.remove)
     if settings.routing.mode == "precise":
-        state.precise = PreciseChains(settings.routing.precise, client, state.health, state.metrics)
+        state.precise = PreciseChains(
+            settings.routing.precise,
+            settings.fleet_hashing(),
+            client,
+            state.health,
+            state.metrics,
+        )
     return state
 
 
@@ -185,7 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 routing = settings.routing.model_copy(update={"precise": checked.precise})
                 state.settings = settings.model_copy(update={"routing": routing})
                 state.precise = PreciseChains(
-                    checked.precise, state.client, state.health, state.metrics
+                    checked.precise, checked.hashing, state.client, state.health, state.metrics
                 )
             registry = state.metrics.registry
             state.bindings = await start_shared_state(state.settings, state.router, registry, state)

@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tierd-url")
     s.add_argument("--model", action="append", default=[], dest="models")
     s.add_argument("--kv-events-endpoint")
+    s.add_argument("--engine", help="its engine kind (instances[].engine; default vllm)")
     s = command("drain", "stop new requests to an instance; it leaves when idle")
     s.add_argument("id")
     s.add_argument("--wait", action="store_true", help="return once it has left the fleet")
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace, client: AdminClient) -> tuple[Any, Callable[[A
             spec["models"] = args.models
         if args.kv_events_endpoint:
             spec["kv_events_endpoint"] = args.kv_events_endpoint
+        if args.engine:
+            spec["engine"] = args.engine
         return client.call("POST", "/admin/instances", spec), kv_table
     if c == "drain":
         answer = client.call("POST", f"/admin/instances/{args.id}/drain")

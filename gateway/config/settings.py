@@ -10,6 +10,7 @@ is not one of the names other parts read (`gateway.config.env_names`) is refused
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,9 @@ from gateway.config.epp import EppSettings
 from gateway.config.guards import AuthSettings, LimitSettings, RequestLimits, ServerLimits
 from gateway.config.policy import validate_params
 from gateway.config.warm import PrioritySettings, WarmSettings
+from gateway.engine.base import Engine
+from gateway.engine.hashing import FleetHashing, fleet_hashing
+from gateway.engine.registry import DEFAULT_KIND, ENGINES, engine_for
 from router.policies.registry import default_registry
 
 
@@ -46,17 +50,50 @@ class InstanceSettings(StrictModel):
     # its tierd's residency events (ZMQ PUB; `gateway.fleet.tierd_events`): host memory, the array
     # and snapshots, so the router prices what the engine will load from tierd
     tierd_events_endpoint: str | None = None
-    priority_scheduling: bool = False  # vLLM --scheduling-policy priority: send `priority`
+    # the engine kind there (gateway.engine.registry: vllm, sim): how the gateway reads its
+    # metrics, KV events, block hashes, /tokenize and health (`adapter`)
+    engine: str = DEFAULT_KIND
+    # the engine schedules by priority (vLLM --scheduling-policy priority): send the class's
+    # level in the engine kind's priority header
+    priority_scheduling: bool = False
 
     @field_validator("url", "tierd_url")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
         return value.rstrip("/") if value else value
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        engine_for(value)  # UnknownEngineError (a ConfigurationError) names the known kinds
+        return value
 
-# vLLM 0.32 seeds sha256_cbor block hashes with this string when PYTHONHASHSEED is unset
-# (vllm/v1/core/kv_cache_utils.py init_none_hash); xxhash_cbor then gets random bytes.
-VLLM_UNSEEDED_SHA256_CBOR = "vllm-none-hash"
+    @model_validator(mode="after")
+    def _engine_can(self) -> InstanceSettings:
+        engine = self.adapter
+        if self.priority_scheduling and engine.priority_header is None:
+            raise SettingError(
+                f"instance {self.id}: priority_scheduling, but {engine.label} "
+                f"(engine: {engine.kind}) does not schedule by priority"
+            )
+        if self.kv_events_replay_endpoint and engine.kv_events.replay is None:
+            raise SettingError(
+                f"instance {self.id}: kv_events_replay_endpoint, but {engine.label} "
+                f"(engine: {engine.kind}) has no KV event replay"
+            )
+        return self
+
+    @property
+    def adapter(self) -> Engine:
+        """The instance's engine kind (`gateway.engine.base.Engine`)."""
+        return engine_for(self.engine)
+
+    @property
+    def priority_header(self) -> str | None:
+        """The header an attempt carries its priority level in; None: send none."""
+        return self.adapter.priority_header if self.priority_scheduling else None
+
+
 DEFAULT_BLOCK_SIZE = 16  # when neither the config nor any engine says (vLLM's GPU default)
 
 
@@ -64,13 +101,19 @@ class PreciseSettings(StrictModel):
     """Precise mode: blocks cut from real tokens and hashed as the engines hash them.
 
     The block size and hash algorithm are checked against what each engine reports
-    (`vllm:cache_config_info`) at startup: a mismatch refuses to start, unless
-    `adopt_engine_config` is set, in which case the engines' values are used. A `block_size`
-    left unset is always taken from the engines."""
+    (its kind's cache config, vLLM's `vllm:cache_config_info`) at startup: a mismatch refuses
+    to start, unless `adopt_engine_config` is set, in which case the engines' values are used.
+    A `block_size` left unset is always taken from the engines. What the hash settings mean
+    is the instances' engine kind's (`Settings.fleet_hashing`, `gateway.engine.hashing`)."""
 
-    hash: Literal["vllm", "xxh3"] = "vllm"  # vLLM's portable block hash, or warmgate's xxh3
-    vllm_hash_algo: Literal["sha256_cbor", "xxhash_cbor"] = "sha256_cbor"
-    # the engines' PYTHONHASHSEED; None: the engines run without it (sha256_cbor only)
+    # `vllm`: the engines' own block hash, as their kind hashes (vLLM's portable block hash,
+    # which the simulated engine shares; the name is historical); `xxh3`: warmgate's own
+    hash: Literal["vllm", "xxh3"] = "vllm"
+    # the engines' block hash algorithm, one of their kind's `hash_algos` (vLLM's
+    # prefix_caching_hash_algo, whatever the kind: the name is kept for existing configs)
+    vllm_hash_algo: str = "sha256_cbor"
+    # the engines' hash seed (vLLM's PYTHONHASHSEED, the sim's --hash-seed); None: the engines
+    # run without one, which their kind may seed reproducibly (vLLM's sha256_cbor) or not
     hash_seed: str | None = None
     block_size: int | None = Field(default=None, ge=1)  # None: what the engines report
     adopt_engine_config: bool = False  # take the engines' block size / hash algo on mismatch
@@ -83,12 +126,21 @@ class PreciseSettings(StrictModel):
     tokenizer_dir: str | None = None
     tokenize_timeout_s: float = Field(default=2.0, gt=0)
 
-    @property
-    def effective_hash_seed(self) -> str | None:
-        """The seed vLLM's block hashes start from (None: unknowable, random per process)."""
-        if self.hash_seed is not None:
-            return self.hash_seed
-        return VLLM_UNSEEDED_SHA256_CBOR if self.vllm_hash_algo == "sha256_cbor" else None
+    @field_validator("vllm_hash_algo")
+    @classmethod
+    def _an_engine_algo(cls, value: str) -> str:
+        known = sorted({a for e in ENGINES.values() for a in e.hash_algos})
+        if value not in known:
+            raise SettingError(
+                f"routing.precise.vllm_hash_algo {value!r} is no engine kind's block hash: "
+                f"one of {', '.join(known)}"
+            )
+        return value
+
+    def hashing(self, engines: Iterable[Engine]) -> FleetHashing:
+        """The block hash of a fleet of `engines` under these settings (raises a
+        `ConfigurationError` saying what to set when it cannot be reproduced)."""
+        return fleet_hashing(engines, self.vllm_hash_algo, self.hash_seed)
 
     @property
     def effective_block_size(self) -> int:
@@ -133,18 +185,6 @@ class RoutingSettings(StrictModel):
             default_registry().create(self.policy, **self.params)
         except (TypeError, ValueError) as exc:
             raise SettingError(f"routing.params for {self.policy}: {exc}") from exc
-        return self
-
-    @model_validator(mode="after")
-    def _precise_needs_seed(self) -> RoutingSettings:
-        p = self.precise
-        if self.mode == "precise" and p.hash == "vllm" and p.effective_hash_seed is None:
-            raise SettingError(
-                "routing.mode=precise with vLLM's xxhash_cbor needs routing.precise.hash_seed "
-                "(the engines' PYTHONHASHSEED): without it vLLM seeds xxhash_cbor with random "
-                "bytes per process. (sha256_cbor without PYTHONHASHSEED is seeded with "
-                f"{VLLM_UNSEEDED_SHA256_CBOR!r} and needs no hash_seed.)"
-            )
         return self
 
 
@@ -330,6 +370,23 @@ class Settings(BaseSettings):
         if len(ids) != len(set(ids)):
             raise SettingError(f"instance ids must be unique: {ids}")
         return self
+
+    @model_validator(mode="after")
+    def _precise_hashing(self) -> Settings:
+        self.fleet_hashing()  # raises, naming what to set, when it cannot be had
+        return self
+
+    def engines(self) -> list[Engine]:
+        """The configured instances' engine kinds (the default kind's when none is)."""
+        return [i.adapter for i in self.instances] or [engine_for(DEFAULT_KIND)]
+
+    def fleet_hashing(self) -> FleetHashing | None:
+        """How precise mode names blocks as the engines do (`routing.precise.hash: vllm`);
+        None in approximate mode or with warmgate's own xxh3 chain."""
+        routing = self.routing
+        if routing.mode != "precise" or routing.precise.hash != "vllm":
+            return None
+        return routing.precise.hashing(self.engines())
 
     @classmethod
     def settings_customise_sources(

@@ -6,17 +6,38 @@ exposition-format parser (pure: no I/O here).
 - `samples(text, names)` -> {(name, labels...): value} for the series asked for, e.g.
   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
   `vllm:prompt_tokens_by_source_total{source=...}`.
-- `EngineLoad.parse(text)` -> the gauges and counters the gateway's load view and
-  accounting use, summed over vLLM's `engine` label (data-parallel ranks).
+- `parse_load(text)` -> the gauges and counters the gateway's load view and accounting use
+  (an `EngineLoad`), summed over vLLM's `engine` label (data-parallel ranks).
+
+The records are engine-neutral (`gateway.engine.base`); `gateway.engine.vllm.VllmEngine` reads
+pages through these functions, as the simulated engine's adapter does (it publishes the same
+series).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.engine.base import EngineCacheConfig, EngineLoad, MetricNames
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+CACHE_CONFIG = "vllm:cache_config_info"
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+_LOAD_SERIES = (WAITING, RUNNING, KV_USAGE, BY_SOURCE, CACHED_BY_SOURCE)
+NAMES = MetricNames(
+    waiting=WAITING,
+    running=RUNNING,
+    kv_usage=KV_USAGE,
+    cache_config=CACHE_CONFIG,
+    prompt_tokens_by_source=BY_SOURCE,
+    cached_tokens_by_source=CACHED_BY_SOURCE,
+)
 
 
 def _parsed(text: str, names: Iterable[str]) -> Iterator[tuple[str, dict[str, str], float]]:
@@ -50,31 +71,14 @@ def _int(labels: Mapping[str, str], key: str) -> int | None:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class EngineCacheConfig:
-    """The KV cache configuration an engine reports."""
-
-    block_size: int | None
-    hash_algo: str | None  # prefix_caching_hash_algo
-    prefix_caching: bool | None
-    num_gpu_blocks: int | None
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        if self.block_size and self.num_gpu_blocks and self.num_gpu_blocks > 0:
-            return self.block_size * self.num_gpu_blocks
-        return None
-
-
 def cache_config(text: str) -> EngineCacheConfig | None:
     """The engine's cache configuration from a Prometheus text page; None if not published."""
-    for _name, labels, _value in _parsed(text, ("vllm:cache_config_info",)):
+    for _name, labels, _value in _parsed(text, (CACHE_CONFIG,)):
         enabled = labels.get("enable_prefix_caching")
         return EngineCacheConfig(
             block_size=_int(labels, "block_size"),
             hash_algo=labels.get("prefix_caching_hash_algo") or None,
-            prefix_caching=None if enabled is None else enabled == "True",
+            prefix_caching=None if enabled is None else enabled.lower() == "true",
             num_gpu_blocks=_int(labels, "num_gpu_blocks"),
             labels=labels,
         )
@@ -86,40 +90,23 @@ def samples(text: str, names: Iterable[str]) -> list[tuple[str, dict[str, str], 
     return [s for s in _parsed(text, set(names)) if math.isfinite(s[2])]
 
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
-_LOAD_SERIES = (WAITING, RUNNING, KV_USAGE, BY_SOURCE, CACHED_BY_SOURCE)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """One scrape of an engine's load and prompt-token accounting."""
-
-    waiting: float | None = None
-    running: float | None = None
-    kv_usage: float | None = None  # 0..1 (max over data-parallel ranks)
-    prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
-    cached_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, text: str) -> EngineLoad:
-        waiting = running = kv = None
-        by_source: dict[str, float] = {}
-        cached: dict[str, float] = {}
-        for name, labels, value in samples(text, _LOAD_SERIES):
-            if name == WAITING:
-                waiting = (waiting or 0.0) + value
-            elif name == RUNNING:
-                running = (running or 0.0) + value
-            elif name == KV_USAGE:
-                kv = value if kv is None else max(kv, value)
-            elif name == BY_SOURCE:
-                src = labels.get("source", "")
-                by_source[src] = by_source.get(src, 0.0) + value
-            else:
-                src = labels.get("source", "")
-                cached[src] = cached.get(src, 0.0) + value
-        return cls(waiting, running, kv, by_source, cached)
+def parse_load(text: str) -> EngineLoad:
+    """The load and prompt-token accounting of one page (an empty `EngineLoad` when the page
+    has none of the series)."""
+    waiting = running = kv = None
+    by_source: dict[str, float] = {}
+    cached: dict[str, float] = {}
+    for name, labels, value in samples(text, _LOAD_SERIES):
+        if name == WAITING:
+            waiting = (waiting or 0.0) + value
+        elif name == RUNNING:
+            running = (running or 0.0) + value
+        elif name == KV_USAGE:
+            kv = value if kv is None else max(kv, value)
+        elif name == BY_SOURCE:
+            src = labels.get("source", "")
+            by_source[src] = by_source.get(src, 0.0) + value
+        else:
+            src = labels.get("source", "")
+            cached[src] = cached.get(src, 0.0) + value
+    return EngineLoad(waiting, running, kv, by_source, cached)

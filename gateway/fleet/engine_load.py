@@ -1,7 +1,8 @@
 """What each engine reports about its own load and prompt tokens, used by the gateway.
 
-A background task scrapes every instance's `/metrics` each `engine_metrics.interval_s`
-(`gateway.engine.vllm_metrics.EngineLoad`):
+A background task scrapes every instance's metrics page each `engine_metrics.interval_s`,
+read by the instance's engine kind (`Engine.load` -> `gateway.engine.base.EngineLoad`; the
+series named here are vLLM's, which the simulated engine publishes too):
 
 - load: `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (and running) are shown
   per instance in `/admin/instances` and exported as `warmgate_engine_*` gauges. They also
@@ -32,8 +33,8 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, Gauge
 
-from gateway.config.settings import Settings
-from gateway.engine.vllm_metrics import EngineLoad
+from gateway.config.settings import InstanceSettings, Settings
+from gateway.engine.base import EngineLoad
 from gateway.fleet.health import HealthChecker
 from gateway.lifetime import Lifetime
 
@@ -160,19 +161,20 @@ class EngineLoads:
         }
 
 
-async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLoad | None:
+async def scrape(
+    client: httpx.AsyncClient, inst: InstanceSettings, timeout_s: float
+) -> EngineLoad | None:
     # httpx's timeouts bound each operation (connect, each read), not the whole exchange:
     # the deadline around it keeps one engine from ever stalling every instance's scrape
+    engine = inst.adapter
     try:
         async with asyncio.timeout(2 * timeout_s):
-            resp = await client.get(f"{url}/metrics", timeout=timeout_s)
+            resp = await client.get(f"{inst.url}{engine.metrics_path}", timeout=timeout_s)
             resp.raise_for_status()
     except (httpx.HTTPError, TimeoutError):
         return None
-    load = EngineLoad.parse(resp.text)
-    if load.waiting is None and load.kv_usage is None and not load.prompt_tokens_by_source:
-        return None  # not a vLLM-compatible engine: nothing to use
-    return load
+    load = engine.load(resp.text)
+    return None if load.empty else load  # empty: not a page of its kind, nothing to use
 
 
 async def run_scraper(
@@ -188,7 +190,7 @@ async def run_scraper(
         started = time.monotonic()
         fleet = list(instances())
         results = await asyncio.gather(
-            *(scrape(client, i.url, timeout_s) for i in fleet), return_exceptions=True
+            *(scrape(client, i, timeout_s) for i in fleet), return_exceptions=True
         )
         for inst, result in zip(fleet, results, strict=True):
             loads.update(inst.id, result if not isinstance(result, BaseException) else None)

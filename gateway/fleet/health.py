@@ -1,9 +1,11 @@
-"""Health of each instance: a background loop GETs every instance's `/health` each interval;
+"""Health of each instance: a background loop GETs every instance's health route (its engine
+kind's, `Engine.health_path`: `/health`) each interval;
 `failure_threshold` consecutive failures take it out of the candidate set,
 `success_threshold` consecutive successes bring it back (a newly configured instance joins
 on its first good check). Failures the proxy sees (connection
 refused, 5xx) count too, so a dead instance leaves the set without waiting for the loop.
-Instances configured without a model list get theirs from the engine's `/v1/models`.
+Instances configured without a model list get theirs from the engine's models route
+(`Engine.models_path`, `/v1/models`, read by `Engine.served_models`).
 
 The set of instances changes at runtime (`gateway.fleet.runtime`): `add` and `remove` them, and
 `set_draining` keeps an instance checked but out of every candidate set while its in-flight
@@ -24,6 +26,7 @@ import httpx
 
 from contracts.errors import UpstreamError
 from gateway.config.settings import HealthSettings, InstanceSettings
+from gateway.engine.base import Engine
 from gateway.observe.metrics import GatewayMetrics
 
 log = logging.getLogger("warmgate.health")
@@ -135,6 +138,11 @@ class HealthChecker:
         inst = self._instances.get(instance_id) or self._retired[instance_id]
         return inst.url
 
+    def engine_of(self, instance_id: str) -> Engine:
+        """The instance's engine kind (a removed instance's too, as `instance_url`)."""
+        inst = self._instances.get(instance_id) or self._retired[instance_id]
+        return inst.adapter
+
     def healthy_ids(self) -> list[str]:
         return [i for i, h in self.health.items() if h.healthy and i not in self.draining]
 
@@ -232,33 +240,34 @@ class HealthChecker:
         if inst is None:
             return
         timeout = self._settings.timeout_s
+        path = inst.adapter.health_path
         started = time.monotonic()
         try:
-            resp = await self._client.get(f"{inst.url}/health", timeout=timeout)
+            resp = await self._client.get(f"{inst.url}{path}", timeout=timeout)
         except httpx.HTTPError as exc:
-            why = f"/health: {type(exc).__name__}: {exc}".rstrip(": ")
+            why = f"{path}: {type(exc).__name__}: {exc}".rstrip(": ")
             self.record_failure(instance_id, why, probe=True)
             return
         if resp.status_code != 200:
-            self.record_failure(instance_id, f"/health answered {resp.status_code}", probe=True)
+            self.record_failure(instance_id, f"{path} answered {resp.status_code}", probe=True)
             return
         h = self.health.get(instance_id)
         if h is not None and not inst.models and not h.discovered_models:
             try:
                 await self._discover_models(inst, timeout)
             except (httpx.HTTPError, ValueError) as exc:
-                why = f"/v1/models: {type(exc).__name__}: {exc}"
+                why = f"{inst.adapter.models_path}: {type(exc).__name__}: {exc}"
                 self.record_failure(instance_id, why, probe=True)
                 return
         self.record_success(instance_id, time.monotonic() - started)
 
     async def _discover_models(self, inst: InstanceSettings, timeout_s: float) -> None:
-        resp = await self._client.get(f"{inst.url}/v1/models", timeout=timeout_s)
+        engine = inst.adapter
+        resp = await self._client.get(f"{inst.url}{engine.models_path}", timeout=timeout_s)
         resp.raise_for_status()
-        data = resp.json().get("data")
-        if not isinstance(data, list):
+        models = engine.served_models(resp.json())
+        if models is None:
             raise ModelListError("no model list in the answer")
-        models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
         if not models:
             raise ModelListError("the instance serves no model")
         h = self.health.get(inst.id)

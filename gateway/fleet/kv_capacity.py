@@ -3,12 +3,13 @@ to the routing policy (`policy.set_kv_capacity(instance, tokens)`, for a policy 
 `wants_kv_capacity`;
 the `ttft` policy prices the active sessions' KV a placement would push out of HBM).
 
-vLLM publishes its cache configuration as the labels of `vllm:cache_config_info` (value 1):
-`num_gpu_blocks` x `block_size` is what the instance holds in HBM, in tokens. An engine that
-does not publish it (or still says `num_gpu_blocks="None"`, before its memory profiling) is
-asked again after `retry_s`; a known capacity is read again after `refresh_s`, since an
-engine may restart with another configuration. A configured `kv_capacity_tokens` in the
-policy's params stays the default for instances that never tell.
+The instance's engine kind reads it (`Engine.kv_capacity`): vLLM publishes its cache
+configuration as the labels of `vllm:cache_config_info` (value 1), and `num_gpu_blocks` x
+`block_size` is what the instance holds in HBM, in tokens. An engine that does not publish it
+(or still says `num_gpu_blocks="None"`, before its memory profiling) is asked again after
+`retry_s`; a known capacity is read again after `refresh_s`, since an engine may restart with
+another configuration. A configured `kv_capacity_tokens` in the policy's params stays the
+default for instances that never tell.
 """
 
 from __future__ import annotations
@@ -16,29 +17,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.engine.vllm_metrics import cache_config
+from gateway.config.settings import InstanceSettings
 from gateway.state import AppState
 
 log = logging.getLogger("warmgate.kv_capacity")
 
 
-def cache_config_labels(metrics_text: str) -> dict[str, str] | None:
-    """The labels of `vllm:cache_config_info` (block_size, prefix_caching_hash_algo, ...),
-    or None when the page has none."""
-    config = cache_config(metrics_text)
-    return dict(config.labels) if config is not None else None
-
-
-def parse_kv_capacity(metrics_text: str) -> int | None:
-    """HBM KV tokens from a Prometheus text page, or None when it does not say."""
-    config = cache_config(metrics_text)
-    return config.kv_capacity_tokens if config is not None else None
-
-
-async def read_capacity(state: AppState, instance_url: str) -> int | None:
-    r = await state.client.get(f"{instance_url}/metrics", timeout=state.settings.health.timeout_s)
+async def read_capacity(state: AppState, inst: InstanceSettings) -> int | None:
+    engine = inst.adapter
+    r = await state.client.get(
+        f"{inst.url}{engine.metrics_path}", timeout=state.settings.health.timeout_s
+    )
     r.raise_for_status()
-    return parse_kv_capacity(r.text)
+    return engine.kv_capacity(r.text)
 
 
 async def discover_once(state: AppState) -> dict[str, int]:
@@ -46,7 +37,7 @@ async def discover_once(state: AppState) -> dict[str, int]:
     found: dict[str, int] = {}
     for inst in state.health.instances():  # the fleet as it is now (it changes at runtime)
         try:
-            tokens = await read_capacity(state, inst.url)
+            tokens = await read_capacity(state, inst)
         except Exception as exc:  # an engine without /metrics, or down: ask again later
             log.debug("kv capacity of %s unknown: %r", inst.id, exc)
             continue

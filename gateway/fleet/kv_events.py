@@ -1,9 +1,11 @@
 """KV event consumers: one ZMQ SUB socket and one task per instance that publishes events.
 
 Each task receives `topic | seq | payload` messages from its instance's publisher (a vLLM
-engine, `sim.engine --kv-events-endpoint`, or tierd), tracks the sequence number and feeds
-the router's `PrefixIndex` (`router.event_feed.apply_events`, mediums as in
-`contracts.tiers`; BlockRemoved removes; AllBlocksCleared clears the instance).
+engine, `sim.engine --kv-events-endpoint`, or tierd), decoded by that publisher's wire (its
+engine kind's `Engine.kv_events`; by default `gateway.engine.kv_wire.VLLM_EVENTS`, the
+`contracts.kv_events` wire tierd speaks too), tracks the sequence number and feeds the
+router's `PrefixIndex` (`router.event_feed.apply_events`, mediums as in `contracts.tiers`;
+BlockRemoved removes; AllBlocksCleared clears the instance).
 
 A sequence gap, a publisher restart (the sequence going back) or a batch whose payload does
 not decode (a lost batch, as far as we can tell) drops what that publisher told us
@@ -27,14 +29,11 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
-from contracts.kv_events import (
-    BlockStored,
-    MalformedEventError,
-    decode_batch,
-    decode_frames,
-)
+from contracts.kv_events import BlockStored, MalformedEventError
 from contracts.tiers import Tier
 from gateway.config.settings import Settings
+from gateway.engine.base import KvEventWire
+from gateway.engine.kv_wire import VLLM_EVENTS
 from gateway.fleet.kv_replay import ReplayUnavailable, fetch_replay
 from gateway.lifetime import Lifetime
 from router.event_feed import (
@@ -107,8 +106,11 @@ class KvEventConsumer:
         replay_endpoints: Mapping[str, str] | None = None,
         block_size: int | None = None,  # precise mode's: events of another size are flagged
         tiers: Mapping[str, Collection[Tier]] | None = None,
+        wires: Mapping[str, KvEventWire] | None = None,  # absent: VLLM_EVENTS
     ) -> None:
         self.block_size = block_size
+        # instance -> how its publisher's messages decode (its engine kind's wire)
+        self.wires = dict(wires or {})
         # instance -> the tiers its publisher here owns, when it is one of several (an
         # engine's events beside its tierd's: `gateway.fleet.tierd_events`); absent: all tiers
         self.tiers = dict(tiers or {})
@@ -148,7 +150,8 @@ class KvEventConsumer:
             return 0
         self._held[instance] = []
         try:
-            batches = await fetch_replay(self._ctx, endpoint)
+            replay = self._wire(instance).replay
+            batches = [] if replay is None else await fetch_replay(self._ctx, endpoint, replay)
         except (ReplayUnavailable, zmq.ZMQError) as exc:
             log.warning("kv events from %s: replay after %s failed: %s", instance, why, exc)
             batches = []
@@ -194,11 +197,15 @@ class KvEventConsumer:
         replay: str | None = None,
         *,
         tiers: Collection[Tier] | None = None,
+        wire: KvEventWire | None = None,
     ) -> None:
         """Consume an instance added at runtime (gateway.fleet.runtime); `tiers`: what its publisher
-        here owns, when it is one of several (None: all)."""
+        here owns, when it is one of several (None: all); `wire`: how its messages decode
+        (None: VLLM_EVENTS)."""
         self.remove_source(instance)
         self.endpoints[instance] = endpoint
+        if wire is not None:
+            self.wires[instance] = wire
         if replay:
             self.replay_endpoints[instance] = replay
         if tiers is not None:
@@ -215,6 +222,7 @@ class KvEventConsumer:
         self.endpoints.pop(instance, None)
         self.replay_endpoints.pop(instance, None)
         self.tiers.pop(instance, None)
+        self.wires.pop(instance, None)
         self._stats.pop(instance, None)
 
     async def close(self) -> None:
@@ -260,8 +268,9 @@ class KvEventConsumer:
         if held is not None:  # a replay is being fetched: apply this after it
             held.append(frames)
             return
+        wire = self._wire(instance)
         try:
-            message = decode_frames(frames)
+            message = wire.decode_frames(frames)
         except MalformedEventError as exc:
             self._count(stats, "malformed")
             log.warning("kv events from %s: malformed message skipped: %s", instance, exc)
@@ -287,7 +296,7 @@ class KvEventConsumer:
                 self._count(stats, "restart")
                 log.info("kv events from %s: publisher restarted (seq %d)", instance, message.seq)
         try:
-            batch = decode_batch(message.payload)
+            batch = wire.decode_batch(message.payload)
         except MalformedEventError as exc:
             # The publisher's sequence moved on without us learning what changed.
             self._drop(instance)
@@ -310,6 +319,9 @@ class KvEventConsumer:
                 self.metrics.blocks.labels(instance, "stored").inc(counts.stored)
             if counts.removed:
                 self.metrics.blocks.labels(instance, "removed").inc(counts.removed)
+
+    def _wire(self, instance: str) -> KvEventWire:
+        return self.wires.get(instance, VLLM_EVENTS)
 
     def _drop(self, instance: str) -> None:
         """What this publisher told us goes (`router.event_feed.drop_publisher`)."""
@@ -372,6 +384,7 @@ async def start_kv_events(
             else None
         ),
         tiers=dict(tiers),
+        wires={i.id: i.adapter.kv_events for i in settings.instances if i.id in endpoints},
     )
     await consumer.start()
     life.closers.append(consumer.close)

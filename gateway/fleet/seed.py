@@ -2,7 +2,9 @@
 `PYTHONHASHSEED`). When the instance being added names its KV events endpoint, the seed is
 checked by experiment: subscribe, send the engine one short completion that no cache can
 hold (a fresh first block), and hash the token ids of the first `BlockStored` chain it
-reports the way the gateway would; the hashes must be the engine's own.
+reports the way the gateway would (its engine kind's hash and KV event wire, `spec.adapter`,
+with `routing.precise`); the hashes must be the engine's own. A kind that seeds randomly
+without a configured seed fails the check.
 
 An engine without a KV events endpoint cannot be checked this way; the check is then left
 out of the answer (the gateway still hashes with `routing.precise.hash_seed`)."""
@@ -18,10 +20,10 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from contracts.kv_events import BlockStored, MalformedEventError, decode_batch, decode_frames
+from contracts.errors import ConfigurationError
+from contracts.kv_events import BlockStored, MalformedEventError
 from gateway.config.settings import InstanceSettings, RoutingSettings
 from gateway.fleet.checks import Check
-from router.precise import VllmBlockHasher
 
 SLOW_JOINER_S = 0.3  # a ZMQ publisher drops what it sends before our subscription arrives
 
@@ -34,13 +36,17 @@ async def check_hash_seed(
     timeout_s: float,
 ) -> Check | None:
     p = routing.precise
-    seed = p.effective_hash_seed
-    if routing.mode != "precise" or p.hash != "vllm" or seed is None:
+    if routing.mode != "precise" or p.hash != "vllm" or not spec.kv_events_endpoint:
         return None
-    if not spec.kv_events_endpoint:
-        return None
+    engine = spec.adapter
+    try:
+        hashing = p.hashing([engine])
+    except ConfigurationError as exc:
+        return Check("hash_seed", False, str(exc))
+    seed = hashing.seed
     size = p.effective_block_size
-    hasher = VllmBlockHasher(hash_seed=seed, block_size=size, algo=p.vllm_hash_algo)
+    hasher = hashing.hasher(size)
+    wire = engine.kv_events
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
@@ -61,7 +67,7 @@ async def check_hash_seed(
             with contextlib.suppress(TimeoutError):
                 frames = await asyncio.wait_for(sock.recv_multipart(), timeout=left)
                 try:
-                    batch = decode_batch(decode_frames(frames).payload)
+                    batch = wire.decode_batch(wire.decode_frames(frames).payload)
                 except MalformedEventError:
                     continue
                 for ev in batch.events:

@@ -68,6 +68,7 @@ def subscribe(
             spec.kv_events_endpoint,
             spec.kv_events_replay_endpoint,
             tiers=ENGINE_TIERS if with_tierd else None,
+            wire=spec.adapter.kv_events,
         )
     if tierd is not None and spec.tierd_events_endpoint:
         tierd.add_source(spec.id, spec.tierd_events_endpoint, tiers=TIERD_TIERS)

@@ -154,7 +154,7 @@ async def _attempts(
             if parsed.stream and state.settings.continue_streams:
                 resume = _resumer(state, life, path, headers, order[attempt + 1 :] or order)
             spec = state.health.spec(instance)
-            sent = priority.engine_headers(headers, spec is not None and spec.priority_scheduling)
+            sent = priority.engine_headers(headers, spec.priority_header if spec else None)
             return await _attempt(state, life, instance, path, body, sent, resume)
         except AttemptFailed as failed:
             life.attempt_failed(instance, failed.kind, str(failed), failed.unhealthy)

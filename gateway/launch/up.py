@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
                     "url": f"http://127.0.0.1:{eport}",
                     "tierd_url": tierd_url,
                     "models": [args.model],
+                    "engine": "sim",
                 }
             )
             engines.append(Child(f"engine {iid}", e_args, run_dir / f"engine-{iid}.log"))

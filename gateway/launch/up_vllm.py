@@ -74,6 +74,7 @@ def gateway_config(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
         {
             "id": e.id,
             "url": e.url,
+            "engine": "vllm",
             "models": [fleet.cfg.served_model_name],
             "kv_events_endpoint": e.kv_events_endpoint,
             "kv_events_replay_endpoint": e.kv_replay_endpoint,

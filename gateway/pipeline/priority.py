@@ -4,10 +4,11 @@ request, and the admission rules over a routing decision.
 A request names its class (interactive, normal, background) with the header
 `x-warmgate-priority` or the body field `priority` holding the class name (the OpenAI SDK's
 `extra_headers` / `extra_body`); the header wins when both are given. A body `priority` that
-is an integer is vLLM's own field and is forwarded untouched. An instance that runs vLLM
-with `--scheduling-policy priority` (`priority_scheduling: true`) gets the class's level
-(`priority.levels`, lower is earlier) in vLLM's `X-Vllm-Priority` header, which vLLM reads
-before the body field; other instances get nothing, so an FCFS engine never sees one.
+is an integer is vLLM's own field and is forwarded untouched. An instance whose engine
+schedules by priority (`priority_scheduling: true`, vLLM's `--scheduling-policy priority`)
+gets the class's level (`priority.levels`, lower is earlier) in its engine kind's priority
+header (`InstanceSettings.priority_header`: vLLM's `X-Vllm-Priority`, which vLLM reads before
+the body field); other instances get nothing, so an FCFS engine never sees one.
 
 `x-warmgate-ttft-deadline-ms` (a positive number) asks for a first token within that time:
 when the routing decision's predicted TTFT (the ttft policy's, in the decision's candidates)
@@ -35,7 +36,6 @@ from router.types import ordered_fallbacks
 PRIORITY_HEADER = "x-warmgate-priority"
 DEADLINE_HEADER = "x-warmgate-ttft-deadline-ms"
 MISS_HEADER = "x-warmgate-deadline-miss"
-VLLM_PRIORITY_HEADER = "x-vllm-priority"  # vLLM's PRIORITY_HEADER (entrypoints/generate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class RequestPriority:
     """What a request asked for; `NONE` when it asked for nothing."""
 
     klass: PriorityClass | None = None
-    level: int | None = None  # the vLLM priority its class maps to
+    level: int | None = None  # the engine priority its class maps to
     deadline_s: float | None = None
     miss_status: int = 429
 
@@ -51,11 +51,12 @@ class RequestPriority:
     def asks(self) -> bool:
         return self.klass is not None or self.deadline_s is not None
 
-    def engine_headers(self, headers: dict[str, str], scheduling: bool) -> dict[str, str]:
-        """The attempt's headers: with vLLM's priority when the instance schedules by it."""
-        if self.level is None or not scheduling:
+    def engine_headers(self, headers: dict[str, str], header: str | None) -> dict[str, str]:
+        """The attempt's headers: with the priority level in `header`, the instance's
+        `priority_header` (None: it does not schedule by priority, nothing added)."""
+        if self.level is None or header is None:
             return headers
-        return {**headers, VLLM_PRIORITY_HEADER: str(self.level)}
+        return {**headers, header: str(self.level)}
 
 
 NONE = RequestPriority()

@@ -6,12 +6,14 @@ Tokens come from a local tokenizer when one is configured (`routing.precise.toke
 the engines' Hugging Face tokenizer files, `pipeline.hf_tokenizer`, which passes what it cannot
 reproduce exactly to /tokenize; or `routing.precise.tokenizer`, "module:factory": the factory
 returns a callable taking the tokenize payload and returning token ids, sync or async), else
-from an engine's vLLM-compatible `POST /tokenize` (chat
+from an engine's tokenize route, through its engine kind (`Engine.tokenize_path`,
+`tokenize_body`, `tokens`: vLLM's `POST /tokenize`, whose body the tokenize payload is; chat
 requests send `messages` and `tools`, so the engine applies its own chat template; the
-healthy candidates take turns). Hashing is `router.precise`'s (vLLM's `sha256_cbor` /
-`xxhash_cbor` with the engines' hash seed, or warmgate's xxh3 chain). When tokens cannot be
-had (no answer in time, a prompt shape /tokenize does not take) the request is routed in
-approximate mode and the fallback is counted: routing never fails because of it.
+healthy candidates take turns). Hashing is the fleet's engines' (`Settings.fleet_hashing`,
+`gateway.engine.hashing`: vLLM's `sha256_cbor` / `xxhash_cbor` with the engines' hash seed),
+or warmgate's xxh3 chain. When tokens cannot be had (no answer in time, a prompt shape the
+engine's tokenize route does not take) the request is routed in approximate mode and the
+fallback is counted: routing never fails because of it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import httpx
 
 from contracts.errors import ConfigurationError, RoutingError
 from gateway.config.settings import PreciseSettings
+from gateway.engine.hashing import FleetHashing
 from gateway.fleet.health import HealthChecker
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.hf_tokenizer import HfChatTokenizer, LocalTokenizeUnsupported
@@ -33,7 +36,6 @@ from gateway.pipeline.parse import ParsedRequest
 from router.precise import (
     BlockHasher,
     Tokenizer,
-    VllmBlockHasher,
     Xxh3BlockHasher,
     precise_route_request,
     tokens_of,
@@ -64,7 +66,8 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 
 def tokenize_payload(parsed: ParsedRequest) -> dict[str, Any]:
-    """The body of a vLLM-compatible `/tokenize` call for this request."""
+    """What to tokenize of this request, the shape local tokenizers take (and vLLM's
+    `/tokenize` body; an engine kind makes its own body of it, `Engine.tokenize_body`)."""
     body = parsed.body
     if parsed.kind == "chat":
         payload: dict[str, Any] = {
@@ -84,11 +87,13 @@ def tokenize_payload(parsed: ParsedRequest) -> dict[str, Any]:
 
 
 class PreciseChains:
-    """Builds token-exact `RouteRequest`s; one per app."""
+    """Builds token-exact `RouteRequest`s; one per app. `hashing`: the engines' block hash
+    (None: warmgate's xxh3 chain, `routing.precise.hash: xxh3`)."""
 
     def __init__(
         self,
         settings: PreciseSettings,
+        hashing: FleetHashing | None,
         client: httpx.AsyncClient,
         health: HealthChecker,
         metrics: GatewayMetrics,
@@ -104,19 +109,13 @@ class PreciseChains:
         elif settings.tokenizer is not None:
             self._local = load_tokenizer(settings.tokenizer)
         self._xxh3: dict[str, Xxh3BlockHasher] = {}  # per model (seeded by it)
-        self._vllm = (
-            VllmBlockHasher(
-                hash_seed=settings.effective_hash_seed,
-                block_size=settings.effective_block_size,
-                algo=settings.vllm_hash_algo,
-            )
-            if settings.hash == "vllm" and settings.effective_hash_seed is not None
-            else None
+        self._engines = (
+            hashing.hasher(settings.effective_block_size) if hashing is not None else None
         )
 
     def _hasher(self, model: str) -> BlockHasher:
-        if self._vllm is not None:
-            return self._vllm
+        if self._engines is not None:
+            return self._engines
         hasher = self._xxh3.get(model)
         if hasher is None:
             hasher = self._xxh3[model] = Xxh3BlockHasher(
@@ -128,13 +127,16 @@ class PreciseChains:
         self, payload: dict[str, Any], candidates: Sequence[str]
     ) -> Sequence[int]:
         instance = candidates[next(self._turn) % len(candidates)]
-        url = f"{self._health.instance_url(instance)}/tokenize"
-        resp = await self._client.post(url, json=payload, timeout=self._settings.tokenize_timeout_s)
+        engine = self._health.engine_of(instance)
+        url = f"{self._health.instance_url(instance)}{engine.tokenize_path}"
+        resp = await self._client.post(
+            url, json=engine.tokenize_body(payload), timeout=self._settings.tokenize_timeout_s
+        )
         resp.raise_for_status()
-        tokens = resp.json().get("tokens")
-        if not isinstance(tokens, list):
-            raise TokenizeUnavailable(f"{instance}/tokenize answered no token list")
-        return [int(t) for t in tokens]
+        tokens = engine.tokens(resp.json())
+        if tokens is None:
+            raise TokenizeUnavailable(f"{instance}{engine.tokenize_path} answered no token list")
+        return tokens
 
     def _ids(self, tokens: Any) -> Sequence[int]:
         self._metrics.precise_tokenized.labels("ids").inc()

@@ -40,7 +40,6 @@ from gateway.json_codec import encode
 from gateway.pipeline.decide import RequestPipeline, Routed
 from gateway.pipeline.parse import ParsedRequest
 from gateway.pipeline.prefetch import PrefetchHints
-from gateway.pipeline.priority import VLLM_PRIORITY_HEADER
 from gateway.pipeline.world_replicate import WorldReplicator
 from gateway.upstream.inflight import Inflight
 from router.router import Router
@@ -270,8 +269,8 @@ class Warmer:
         body["stream"] = False
         headers = {"content-type": "application/json", **client_headers}
         spec = self.health.spec(instance)
-        if spec is not None and spec.priority_scheduling:
-            headers[VLLM_PRIORITY_HEADER] = str(self.config.priority)
+        if spec is not None and spec.priority_header is not None:
+            headers[spec.priority_header] = str(self.config.priority)
         url = self.health.instance_url(instance) + _PATHS[parsed.kind]
         try:
             async with asyncio.timeout(self.config.engine_timeout_s):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.fleet.kv_capacity import parse_kv_capacity
+from gateway.engine.sim import SIM
 from tests.e2e.fleet import MODEL, Fleet, wait_until
 
 LIMIT = 64 * 1024
@@ -227,7 +227,7 @@ def test_admin_views(fleet: Fleet, client: httpx.Client) -> None:
     assert all(i["health"]["state"] == "healthy" and i["health"]["reason"] for i in instances)
     assert sum(i["cached_tokens_believed"] for i in instances) > 0
     # each engine's HBM KV capacity, as its vllm:cache_config_info says, reached the policy
-    expected = {e.id: parse_kv_capacity(httpx.get(f"{e.url}/metrics").text) for e in fleet.engines}
+    expected = {e.id: SIM.kv_capacity(httpx.get(f"{e.url}/metrics").text) for e in fleet.engines}
     assert all(expected.values())
 
     def capacities() -> object:

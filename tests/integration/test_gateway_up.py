@@ -41,6 +41,7 @@ def test_up_serves_hints_tierd_and_stops_cleanly(tmp_path: Path) -> None:
         config = yaml.safe_load((run_dir / "gateway.yaml").read_text())
         instances = {i["id"]: i for i in config["instances"]}
         assert len(instances) == 2 and all(i["tierd_url"] for i in instances.values())
+        assert all(i["engine"] == "sim" for i in instances.values())  # its engine kind
         prompt = "The zone's world state: the northern pass is snowed in. " * 20
         r = httpx.post(
             f"{base}/v1/chat/completions",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.config.settings import PreciseSettings
-from gateway.engine.vllm_metrics import EngineCacheConfig, cache_config
+from gateway.engine.base import EngineCacheConfig
+from gateway.engine.vllm import VLLM
+from gateway.engine.vllm_metrics import cache_config
 from gateway.fleet.engine_check import EngineConfigMismatch, reconcile
 
 PAGE = (
@@ -30,28 +32,29 @@ def test_the_page_is_parsed() -> None:
 
 
 def test_an_unset_block_size_is_taken_from_the_engines() -> None:
-    r = reconcile(PreciseSettings(), {"a": cfg(), "b": cfg()})
+    r = reconcile(PreciseSettings(), {"a": cfg(), "b": cfg()}, [VLLM])
     assert r.precise.block_size == 128 and r.adopted == {"block_size": 128}
 
 
 def test_a_contradicted_block_size_or_algo_is_refused() -> None:
     with pytest.raises(EngineConfigMismatch, match="block_size is 16 but the engines use 128"):
-        reconcile(PreciseSettings(block_size=16), {"a": cfg()})
+        reconcile(PreciseSettings(block_size=16), {"a": cfg()}, [VLLM])
     with pytest.raises(EngineConfigMismatch, match="hash with 'xxhash_cbor'"):
-        reconcile(PreciseSettings(block_size=128), {"a": cfg(algo="xxhash_cbor")})
+        reconcile(PreciseSettings(block_size=128), {"a": cfg(algo="xxhash_cbor")}, [VLLM])
     with pytest.raises(EngineConfigMismatch, match="disagree on block_size"):
-        reconcile(PreciseSettings(), {"a": cfg(), "b": cfg(16)})
+        reconcile(PreciseSettings(), {"a": cfg(), "b": cfg(16)}, [VLLM])
 
 
 def test_adopting_takes_the_engines_values_when_asked() -> None:
     r = reconcile(
         PreciseSettings(block_size=16, adopt_engine_config=True, hash_seed="7"),
         {"a": cfg(algo="xxhash_cbor")},
+        [VLLM],
     )
     assert (r.precise.block_size, r.precise.vllm_hash_algo) == (128, "xxhash_cbor")
     with pytest.raises(EngineConfigMismatch, match="seeds randomly"):
-        reconcile(PreciseSettings(adopt_engine_config=True), {"a": cfg(algo="xxhash_cbor")})
+        reconcile(PreciseSettings(adopt_engine_config=True), {"a": cfg(algo="xxhash_cbor")}, [VLLM])
 
 
 def test_no_engine_answering_keeps_the_config() -> None:
-    assert reconcile(PreciseSettings(block_size=32), {}).precise.block_size == 32
+    assert reconcile(PreciseSettings(block_size=32), {}, [VLLM]).precise.block_size == 32

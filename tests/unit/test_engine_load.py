@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.engine.vllm_metrics import EngineLoad
+from gateway.engine.base import EngineLoad
+from gateway.engine.vllm import VLLM
 from gateway.fleet.engine_load import EngineLoads, Veto
 
 PAGE = """
@@ -16,7 +17,7 @@ vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="devi
 
 
 def test_the_page_parses() -> None:
-    load = EngineLoad.parse(PAGE)
+    load = VLLM.load(PAGE)
     assert (load.waiting, load.running, load.kv_usage) == (3.0, 1.0, 0.25)
     assert load.prompt_tokens_by_source == {"local_compute": 900.0, "local_cache_hit": 300.0}
     assert load.cached_tokens_by_source == {"device": 300.0}
@@ -24,7 +25,7 @@ def test_the_page_parses() -> None:
 
 def test_an_overloaded_engine_is_vetoed_unless_all_are() -> None:
     loads = EngineLoads(Veto(waiting=3, kv_usage=0.9))
-    loads.update("a", EngineLoad.parse(PAGE))
+    loads.update("a", VLLM.load(PAGE))
     loads.update("b", EngineLoad(waiting=0.0, kv_usage=0.95))
     loads.update("c", EngineLoad(waiting=2.0, kv_usage=0.5))
     assert loads.overloaded("a") == "3 requests waiting (veto at 3)"
@@ -37,8 +38,8 @@ def test_an_overloaded_engine_is_vetoed_unless_all_are() -> None:
 
 def test_reported_accounting_sums_the_engines() -> None:
     loads = EngineLoads(Veto())
-    loads.update("a", EngineLoad.parse(PAGE))
-    loads.update("b", EngineLoad.parse(PAGE))
+    loads.update("a", VLLM.load(PAGE))
+    loads.update("b", VLLM.load(PAGE))
     out = loads.reported()
     assert out["prompt_tokens_by_source"] == {"local_compute": 1800.0, "local_cache_hit": 600.0}
     assert out["cached_share"] == 0.25

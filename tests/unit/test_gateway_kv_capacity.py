@@ -1,8 +1,11 @@
-"""Reading an instance's HBM KV capacity from vLLM's `vllm:cache_config_info`."""
+"""Reading an instance's HBM KV capacity from vLLM's `vllm:cache_config_info` (the vLLM
+engine kind's `kv_capacity`)."""
 
 from __future__ import annotations
 
-from gateway.fleet.kv_capacity import parse_kv_capacity
+from gateway.engine.vllm import VLLM
+
+parse_kv_capacity = VLLM.kv_capacity
 
 VLLM_PAGE = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge

@@ -80,16 +80,20 @@ def test_kv_events_topic_defaults_to_vllms() -> None:
     assert KvEventsSettings().topic == ""
 
 
-def test_the_hash_seed_rule_says_what_vllm_does() -> None:
+def test_the_hash_seed_rule_says_what_vllm_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """sha256_cbor without PYTHONHASHSEED is seeded with "vllm-none-hash" (no seed needed);
-    only xxhash_cbor is random per process without one."""
-    from gateway.config.settings import RoutingSettings
+    only xxhash_cbor is random per process without one (the vLLM engine kind's rule, read by
+    the settings for a fleet of the default kind)."""
+    from gateway.config.settings import Settings
 
-    r = RoutingSettings.model_validate({"mode": "precise"})
-    assert r.precise.effective_hash_seed == "vllm-none-hash"
+    for name in ("WARMGATE_CONFIG", "WARMGATE_INSTANCES"):
+        monkeypatch.delenv(name, raising=False)
+
+    hashing = Settings.model_validate({"routing": {"mode": "precise"}}).fleet_hashing()
+    assert hashing is not None and hashing.seed == "vllm-none-hash"
     with pytest.raises(ValidationError, match="xxhash_cbor with random bytes per process"):
-        RoutingSettings.model_validate(
-            {"mode": "precise", "precise": {"vllm_hash_algo": "xxhash_cbor"}}
+        Settings.model_validate(
+            {"routing": {"mode": "precise", "precise": {"vllm_hash_algo": "xxhash_cbor"}}}
         )
 
 

@@ -72,9 +72,9 @@ def test_deadline_and_miss_status_are_read() -> None:
 
 def test_engine_headers_only_where_the_instance_schedules_by_priority() -> None:
     prio = RequestPriority("background", 10)
-    assert prio.engine_headers({"a": "1"}, scheduling=False) == {"a": "1"}
-    assert prio.engine_headers({"a": "1"}, scheduling=True) == {"a": "1", "x-vllm-priority": "10"}
-    assert NONE.engine_headers({"a": "1"}, scheduling=True) == {"a": "1"}
+    assert prio.engine_headers({"a": "1"}, None) == {"a": "1"}
+    assert prio.engine_headers({"a": "1"}, "x-vllm-priority") == {"a": "1", "x-vllm-priority": "10"}
+    assert NONE.engine_headers({"a": "1"}, "x-vllm-priority") == {"a": "1"}
 
 
 def never_busy(instance: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gateway.admin.ui.engines import engine_figures
 from gateway.admin.ui.hot import HotTracker
+from gateway.engine.vllm import VLLM
 from router.types import CandidateScore, Decision, RouteRequest
 
 
@@ -48,13 +49,13 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
 vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="device"} 64.0
 vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="disk"} 32.0
 """
-    assert engine_figures(text) == {
+    assert engine_figures(VLLM.load(text)) == {
         "kv_usage": 0.5,
         "running": 4.0,
         "waiting": 2.0,
         "cached_by_source": {"device": 64.0, "disk": 32.0},
     }
-    assert engine_figures("") == {}
+    assert engine_figures(VLLM.load("")) == {}
 
 
 def test_hot_tables_stay_within_the_default_bound_for_any_number_of_keys() -> None:

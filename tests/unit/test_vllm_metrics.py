@@ -4,7 +4,8 @@ and series of other names (a longer name with the same start) are not taken."""
 
 from __future__ import annotations
 
-from gateway.engine.vllm_metrics import EngineLoad, cache_config, samples
+from gateway.engine.base import EngineLoad
+from gateway.engine.vllm_metrics import cache_config, parse_load, samples
 
 PAGE = r"""# HELP vllm:num_requests_waiting Requests waiting.
 # TYPE vllm:num_requests_waiting gauge
@@ -29,7 +30,7 @@ def test_labels_are_unescaped_and_may_hold_braces() -> None:
 
 
 def test_the_load_sums_ranks_and_drops_what_is_not_finite() -> None:
-    load = EngineLoad.parse(PAGE)
+    load = parse_load(PAGE)
     assert (load.waiting, load.kv_usage) == (5.0, 0.5)
     assert load.prompt_tokens_by_source == {"local_compute": 90.0}
     config = cache_config(PAGE)
@@ -41,7 +42,7 @@ def test_a_line_the_parser_refuses_is_skipped_alone() -> None:
     torn = PAGE.replace(
         'vllm:kv_cache_usage_perc{engine="0"} 0.5', 'vllm:kv_cache_usage_perc{engine="0'
     )
-    load = EngineLoad.parse(torn)
+    load = parse_load(torn)
     assert (load.waiting, load.kv_usage) == (5.0, None)
     assert cache_config(torn) is not None
-    assert cache_config("") is None and EngineLoad.parse("garbage{") == EngineLoad()
+    assert cache_config("") is None and parse_load("garbage{") == EngineLoad()

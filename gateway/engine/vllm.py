@@ -1,0 +1,121 @@
+"""The vLLM engine kind (`instances[].engine: vllm`, the default): an `Engine`
+(`gateway.engine.base`) for vLLM's OpenAI-compatible server, as of vLLM 0.32.
+
+- routes: `/health`, `/v1/models` (`{"data": [{"id": ...}, ...]}`), `/metrics`, `/tokenize`
+  (the tokenize payload as the body; the answer's `tokens`);
+- metrics: vLLM's series (`gateway.engine.vllm_metrics`), `vllm:cache_config_info` for the
+  block size, hash algorithm and capacity (`num_gpu_blocks` x `block_size`);
+- KV events: `contracts.kv_events` with vLLM's replay (`gateway.engine.kv_wire.VLLM_EVENTS`);
+- block hashes: `router.precise.VllmBlockHasher` (`sha256_cbor`, the default, or
+  `xxhash_cbor`), seeded by the engines' `PYTHONHASHSEED`; without it vLLM seeds sha256_cbor
+  with "vllm-none-hash" (vllm/v1/core/kv_cache_utils.py `init_none_hash`) and xxhash_cbor
+  with random bytes;
+- priority: `X-Vllm-Priority` (vLLM's PRIORITY_HEADER, entrypoints), read before the body's
+  `priority` by an engine run with `--scheduling-policy priority`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.engine import vllm_metrics
+from gateway.engine.base import EngineCacheConfig, EngineLoad, KvEventWire, MetricNames
+from gateway.engine.kv_wire import VLLM_EVENTS
+from router.precise import BlockHasher, UnsupportedHashError, VllmBlockHasher
+
+VLLM_UNSEEDED_SHA256_CBOR = "vllm-none-hash"
+VLLM_PRIORITY_HEADER = "x-vllm-priority"
+VLLM_HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
+
+
+class VllmEngine:
+    """vLLM, as the gateway talks to it. Stateless: one object serves every instance."""
+
+    @property
+    def kind(self) -> str:
+        return "vllm"
+
+    @property
+    def label(self) -> str:
+        return "vLLM"
+
+    @property
+    def health_path(self) -> str:
+        return "/health"
+
+    @property
+    def models_path(self) -> str:
+        return "/v1/models"
+
+    @property
+    def metrics_path(self) -> str:
+        return "/metrics"
+
+    @property
+    def tokenize_path(self) -> str:
+        return "/tokenize"
+
+    @property
+    def metric_names(self) -> MetricNames:
+        return vllm_metrics.NAMES
+
+    @property
+    def kv_events(self) -> KvEventWire:
+        return VLLM_EVENTS
+
+    @property
+    def hash_scheme(self) -> str:
+        return "vllm_cbor"  # router.precise.VllmBlockHasher
+
+    @property
+    def hash_algos(self) -> tuple[str, ...]:
+        return VLLM_HASH_ALGOS
+
+    @property
+    def hash_seed_source(self) -> str:
+        return "PYTHONHASHSEED"
+
+    @property
+    def priority_header(self) -> str | None:
+        return VLLM_PRIORITY_HEADER
+
+    def served_models(self, answer: Any) -> list[str] | None:
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list):
+            return None
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+    def tokenize_body(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(payload)  # the tokenize payload is vLLM's /tokenize body
+
+    def tokens(self, answer: Any) -> list[int] | None:
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            return None
+        return [int(t) for t in tokens]
+
+    def load(self, metrics_text: str) -> EngineLoad:
+        return vllm_metrics.parse_load(metrics_text)
+
+    def cache_config(self, metrics_text: str) -> EngineCacheConfig | None:
+        return vllm_metrics.cache_config(metrics_text)
+
+    def kv_capacity(self, metrics_text: str) -> int | None:
+        config = self.cache_config(metrics_text)
+        return config.kv_capacity_tokens if config is not None else None
+
+    def unseeded_hash_seed(self, algo: str) -> str | None:
+        return VLLM_UNSEEDED_SHA256_CBOR if algo == "sha256_cbor" else None
+
+    def block_hasher(self, *, algo: str, seed: str, block_size: int) -> BlockHasher:
+        if algo == "sha256_cbor":
+            return VllmBlockHasher(hash_seed=seed, block_size=block_size, algo="sha256_cbor")
+        if algo == "xxhash_cbor":
+            return VllmBlockHasher(hash_seed=seed, block_size=block_size, algo="xxhash_cbor")
+        raise UnsupportedHashError(
+            f"{self.label} block hash {algo!r} cannot be reproduced; one of {self.hash_algos}"
+        )
+
+
+VLLM = VllmEngine()
