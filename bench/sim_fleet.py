@@ -131,7 +131,7 @@ class SimFleet:
     def gateway_config(self, port: int, replica: int) -> dict[str, Any]:
         instances = []
         for i, url in enumerate(self.engine_urls):
-            inst: dict[str, Any] = {"id": f"sim-{i}", "url": url}
+            inst: dict[str, Any] = {"id": f"sim-{i}", "url": url, "engine": "sim"}
             if self.tierd:
                 inst["tierd_url"] = self.tierd_urls[i]
             instances.append(inst)
