@@ -16,7 +16,6 @@ Where it differs, this kind says so:
 
 from __future__ import annotations
 
-from gateway.engine.base import KvEventWire
 from gateway.engine.kv_wire import PUBLISHED_EVENTS
 from gateway.engine.vllm import VllmEngine
 
@@ -24,25 +23,11 @@ from gateway.engine.vllm import VllmEngine
 class SimEngine(VllmEngine):
     """`sim.engine`, as the gateway talks to it: vLLM's behaviour but for the above."""
 
-    @property
-    def kind(self) -> str:
-        return "sim"
-
-    @property
-    def label(self) -> str:
-        return "the simulated engine"
-
-    @property
-    def kv_events(self) -> KvEventWire:
-        return PUBLISHED_EVENTS
-
-    @property
-    def hash_seed_source(self) -> str:
-        return "--hash-seed"
-
-    @property
-    def priority_header(self) -> str | None:
-        return None
+    kind = "sim"
+    label = "the simulated engine"
+    kv_events = PUBLISHED_EVENTS
+    hash_seed_source = "--hash-seed"
+    priority_header = None
 
     def unseeded_hash_seed(self, algo: str) -> str | None:
         return None  # sim.engine.block_hash: a random seed string per process

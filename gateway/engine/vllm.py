@@ -22,63 +22,29 @@ from typing import Any
 from gateway.engine import vllm_metrics
 from gateway.engine.base import EngineCacheConfig, EngineLoad, KvEventWire, MetricNames
 from gateway.engine.kv_wire import VLLM_EVENTS
-from router.precise import BlockHasher, UnsupportedHashError, VllmBlockHasher
+from router.precise import BlockHasher, UnsupportedHashError, VllmBlockHasher, VllmHashAlgo
 
 VLLM_UNSEEDED_SHA256_CBOR = "vllm-none-hash"
 VLLM_PRIORITY_HEADER = "x-vllm-priority"
-VLLM_HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
+VLLM_HASH_ALGOS: tuple[VllmHashAlgo, ...] = ("sha256_cbor", "xxhash_cbor")
 
 
 class VllmEngine:
-    """vLLM, as the gateway talks to it. Stateless: one object serves every instance."""
+    """vLLM, as the gateway talks to it. Stateless: one object serves every instance (the
+    protocol's read-only members are plain class attributes)."""
 
-    @property
-    def kind(self) -> str:
-        return "vllm"
-
-    @property
-    def label(self) -> str:
-        return "vLLM"
-
-    @property
-    def health_path(self) -> str:
-        return "/health"
-
-    @property
-    def models_path(self) -> str:
-        return "/v1/models"
-
-    @property
-    def metrics_path(self) -> str:
-        return "/metrics"
-
-    @property
-    def tokenize_path(self) -> str:
-        return "/tokenize"
-
-    @property
-    def metric_names(self) -> MetricNames:
-        return vllm_metrics.NAMES
-
-    @property
-    def kv_events(self) -> KvEventWire:
-        return VLLM_EVENTS
-
-    @property
-    def hash_scheme(self) -> str:
-        return "vllm_cbor"  # router.precise.VllmBlockHasher
-
-    @property
-    def hash_algos(self) -> tuple[str, ...]:
-        return VLLM_HASH_ALGOS
-
-    @property
-    def hash_seed_source(self) -> str:
-        return "PYTHONHASHSEED"
-
-    @property
-    def priority_header(self) -> str | None:
-        return VLLM_PRIORITY_HEADER
+    kind: str = "vllm"
+    label: str = "vLLM"
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    metrics_path: str = "/metrics"
+    tokenize_path: str = "/tokenize"
+    metric_names: MetricNames = vllm_metrics.NAMES
+    kv_events: KvEventWire = VLLM_EVENTS
+    hash_scheme: str = "vllm_cbor"  # router.precise.VllmBlockHasher
+    hash_algos: tuple[str, ...] = VLLM_HASH_ALGOS
+    hash_seed_source: str = "PYTHONHASHSEED"
+    priority_header: str | None = VLLM_PRIORITY_HEADER
 
     def served_models(self, answer: Any) -> list[str] | None:
         data = answer.get("data") if isinstance(answer, dict) else None
@@ -109,10 +75,9 @@ class VllmEngine:
         return VLLM_UNSEEDED_SHA256_CBOR if algo == "sha256_cbor" else None
 
     def block_hasher(self, *, algo: str, seed: str, block_size: int) -> BlockHasher:
-        if algo == "sha256_cbor":
-            return VllmBlockHasher(hash_seed=seed, block_size=block_size, algo="sha256_cbor")
-        if algo == "xxhash_cbor":
-            return VllmBlockHasher(hash_seed=seed, block_size=block_size, algo="xxhash_cbor")
+        for known in VLLM_HASH_ALGOS:
+            if algo == known:
+                return VllmBlockHasher(hash_seed=seed, block_size=block_size, algo=known)
         raise UnsupportedHashError(
             f"{self.label} block hash {algo!r} cannot be reproduced; one of {self.hash_algos}"
         )
