@@ -18,6 +18,16 @@ per seed and the median and range of each policy's TTFT ratios to `--baseline`.
 Every instance is measured by the gateway's join probe before the trace starts
 (`--probe`, the default, as `calibration.probe` is in the gateway; `sim.cluster.probe`), so
 `ttft` starts from its generic prior plus the probe; `--no-probe` is the prior alone.
+
+What a game server tells the gateway (issue 22; all off by default, so every figure before
+is unchanged): `--warm-lead-s S` (game traces warm each dialogue's first line S ahead, and
+the simulated gateway warms), `--bumps T1,T2` (every zone's world state changes at those
+seconds), `--barks R` (ambient barks, R a second), `--priority-classes` (dialogue lines
+interactive, barks background; the instances order their queues by class and admission sheds
+background first), `--replication` (the gateway's world-version detection warms a new
+version on the zone's other instances), `--announce-versions` (a tagged new version is warmed
+everywhere at once). With any, each policy's figures gain `hints` (sim.cluster.hint_metrics).
+`--hints-ab` measures each hint with against without, in the same run (bench.cluster_hints).
 """
 
 from __future__ import annotations
@@ -31,7 +41,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_seeds import distinct_block_tokens, markdown, parse_seeds, parse_share, run_seeds
+from bench.cluster_hint_args import add_hint_flags, hint_config, hint_run, hints_ab, parse_bumps
+from bench.cluster_hints import hints_markdown
+from bench.cluster_seeds import (
+    HintRun,
+    distinct_block_tokens,
+    markdown,
+    parse_seeds,
+    parse_share,
+    run_seeds,
+)
 from sim.cluster.metrics import distinct_tokens, upper_bound_token_hit_rate
 from sim.cluster.reuse import share_of_reusable
 from sim.cluster.runner import Prior, run_policy
@@ -97,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "simulated profile itself (oracle)",
     )
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
+    add_hint_flags(p)
     return p
 
 
@@ -108,9 +128,33 @@ def _one(
     prior: Prior,
     probe: bool,
     params: dict[str, Any] | None,
+    hinted: HintRun | None = None,
 ) -> dict[str, Any]:
     trace = load_trace(trace_path, block_tokens=config.block_tokens, limit=limit)
-    return run_policy(trace, config, policy, params, prior=prior, probe=probe)
+    return _simulate(trace, config, policy, prior, probe, params, hinted)
+
+
+def _simulate(
+    trace: Sequence[TraceRequest],
+    config: ClusterConfig,
+    policy: str,
+    prior: Prior,
+    probe: bool,
+    params: dict[str, Any] | None,
+    hinted: HintRun | None,
+) -> dict[str, Any]:
+    h = hinted or HintRun()
+    return run_policy(
+        trace,
+        config,
+        policy,
+        params,
+        prior=prior,
+        probe=probe,
+        hints=h.hints,
+        bumps_s=h.bumps_s,
+        bump_window_s=h.bump_window_s,
+    )
 
 
 def policy_params(items: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -191,20 +235,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = cluster_config(args)
     policies = policy_names(args)
     params = policy_params(args.params)
+    hinted = hint_run(args)
     per_policy: dict[str, dict[str, Any]] = {}
     if args.jobs > 1 and len(policies) > 1:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(policies))) as pool:
             futures = {
                 p: pool.submit(
-                    _one, args.trace, args.limit, config, p, args.prior, args.probe, params.get(p)
+                    _one,
+                    args.trace,
+                    args.limit,
+                    config,
+                    p,
+                    args.prior,
+                    args.probe,
+                    params.get(p),
+                    hinted,
                 )
                 for p in policies
             }
             per_policy = {p: f.result() for p, f in futures.items()}
     else:
         for p in policies:
-            per_policy[p] = run_policy(
-                trace, config, p, params.get(p), prior=args.prior, probe=args.probe
+            per_policy[p] = _simulate(
+                trace, config, p, args.prior, args.probe, params.get(p), hinted
             )
     reusable = upper_bound_token_hit_rate(trace, args.block_tokens)
     for figures in per_policy.values():
@@ -226,6 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "probe": args.probe,
             "policy_params": params,
             "index_feed": "predict-on-route + residency events (HBM/host/array stored/removed)",
+            **hint_config(hinted),
         },
         "trace_requests": len(trace),
         "trace_span_s": span_ms / 1000.0 / args.rate_scale,
@@ -257,6 +311,7 @@ def run_many(args: argparse.Namespace) -> dict[str, Any]:
         probe=args.probe,
         params=params,
         jobs=max(1, args.jobs),
+        hinted=hint_run(args),
     )
     results["config"] = {
         "trace": args.trace,
@@ -274,6 +329,7 @@ def run_many(args: argparse.Namespace) -> dict[str, Any]:
         "policy_params": params,
         "players": args.players if args.trace == "game" else None,
         "minutes": args.minutes if args.trace == "game" else None,
+        **hint_config(hint_run(args)),
     }
     results["wall_s"] = time.perf_counter() - started
     return results
@@ -301,9 +357,19 @@ def main(argv: Sequence[str]) -> int:
             parse_share(args.l1_share)
         if args.seeds is not None:
             parse_seeds(args.seeds)
+        parse_bumps(args.bumps)
     except ValueError as exc:
         print(f"warmgate bench cluster: {exc}", file=sys.stderr)
         return 2
+    if args.hints_ab:
+        if args.seeds is None or args.trace != "game":
+            print("--hints-ab wants --seeds and --trace game", file=sys.stderr)
+            return 2
+        results = hints_ab(
+            args, cluster_config(args), policy_names(args), policy_params(args.params)
+        )
+        _write(args, results, hints_markdown(results))
+        return 0
     if args.seeds is not None:
         if args.trace != "game" and "{seed}" not in args.trace:
             print("--seeds wants --trace game or a path with {seed} in it", file=sys.stderr)

@@ -18,10 +18,12 @@ import statistics
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from sim.cluster.hints import HintSettings
 from sim.cluster.reuse import reusable_share, share_of_reusable
 from sim.cluster.runner import Prior, run_policy
 from sim.cluster.simulator import ClusterConfig
@@ -64,10 +66,32 @@ def distinct_block_tokens(trace: Sequence[TraceRequest], block_tokens: int) -> i
     return len({h for t in trace for h in t.hash_ids}) * block_tokens
 
 
-def game_trace(path: Path, *, players: int, minutes: float, seed: int, block_tokens: int) -> None:
-    """Write the game workload's trace as `warmgate trace game` does (no sidecar)."""
-    requests = generate(GameParams(players=players, minutes=minutes, seed=seed))
-    write_mooncake(path, to_trace(requests, block_tokens))
+def game_trace(
+    path: Path,
+    *,
+    players: int,
+    minutes: float,
+    seed: int,
+    block_tokens: int,
+    server: dict[str, Any] | None = None,
+) -> None:
+    """Write the game workload's trace as `warmgate trace game` does (no sidecar). `server`:
+    what the game server tells the gateway, GameParams fields (warm_lead_s, bump_at_s,
+    bark_rate_per_s, priority_classes); with any, world versions are tagged too."""
+    params = GameParams(players=players, minutes=minutes, seed=seed, **(server or {}))
+    requests = generate(params)
+    write_mooncake(path, to_trace(requests, block_tokens, world_tags=bool(server)))
+
+
+@dataclass(frozen=True, slots=True)
+class HintRun:
+    """The hints of a `--seeds` run: what the game traces carry (`server`, GameParams
+    fields), what the simulated gateway acts on (`hints`), and the bumps' window."""
+
+    server: dict[str, Any] = field(default_factory=dict)
+    hints: HintSettings | None = None
+    bumps_s: tuple[float, ...] = ()
+    bump_window_s: float = 0.0
 
 
 def _one(
@@ -77,9 +101,21 @@ def _one(
     params: dict[str, Any] | None,
     prior: Prior,
     probe: bool,
+    hinted: HintRun | None = None,
 ) -> dict[str, Any]:
     trace = load_trace(trace_path, block_tokens=config.block_tokens)
-    return run_policy(trace, config, policy, params, prior=prior, probe=probe)
+    h = hinted or HintRun()
+    return run_policy(
+        trace,
+        config,
+        policy,
+        params,
+        prior=prior,
+        probe=probe,
+        hints=h.hints,
+        bumps_s=h.bumps_s,
+        bump_window_s=h.bump_window_s,
+    )
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
@@ -100,6 +136,7 @@ def run_seeds(
     probe: bool,
     params: dict[str, dict[str, Any]],
     jobs: int,
+    hinted: HintRun | None = None,
 ) -> dict[str, Any]:
     """Every seed under every policy; the per-seed figures, ratios and their spread."""
     bt = base.block_tokens
@@ -108,7 +145,15 @@ def run_seeds(
         for seed in seeds:
             if trace == "game":
                 out = Path(tmp) / f"game-{seed}.jsonl"
-                game_trace(out, players=players, minutes=minutes, seed=seed, block_tokens=bt)
+                server = hinted.server if hinted is not None else None
+                game_trace(
+                    out,
+                    players=players,
+                    minutes=minutes,
+                    seed=seed,
+                    block_tokens=bt,
+                    server=server,
+                )
                 paths[seed] = str(out)
             else:
                 paths[seed] = trace.format(seed=seed)
@@ -137,13 +182,16 @@ def run_seeds(
         if jobs > 1:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures = {
-                    (s, p): pool.submit(_one, paths[s], configs[s], p, params.get(p), prior, probe)
+                    (s, p): pool.submit(
+                        _one, paths[s], configs[s], p, params.get(p), prior, probe, hinted
+                    )
                     for s, p in pairs
                 }
                 results = {k: f.result() for k, f in futures.items()}
         else:
             results = {
-                (s, p): _one(paths[s], configs[s], p, params.get(p), prior, probe) for s, p in pairs
+                (s, p): _one(paths[s], configs[s], p, params.get(p), prior, probe, hinted)
+                for s, p in pairs
             }
     for (seed, policy), figures in results.items():
         row = per_seed[seed]

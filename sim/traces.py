@@ -8,6 +8,15 @@ block before it", so two requests sharing their first j ids share their first
 j * block_tokens tokens; `len(hash_ids) == ceil(input_length / block_tokens)` (the last
 block may be partial). Optional extra keys (for example `session`) are kept.
 
+What a game server tells the gateway (issue 22) rides on optional keys, written only when
+set, so older traces read as before and plain ones are unchanged:
+- `warm_lead_ms`, `warm_tokens`, `warm_blocks`: the request is a dialogue's first line, its
+  context (the prompt less the line) warmed this long before; the warm's prompt has
+  `warm_tokens` tokens and its full blocks are the first `warm_blocks` of `hash_ids`;
+- `priority`: the request's class (`interactive`, `normal`, `background`);
+- `world_version` (`zone:version`), `world_blocks`: the first prompt of a zone's new world
+  version; the version's world state is the first `world_blocks` blocks.
+
 The Azure CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`) carries no prefix identity: it
 is loaded as arrival offsets and lengths for arrival-process and length studies, and
 `load_trace` turns it into Mooncake records whose blocks no two requests share (all the
@@ -36,6 +45,13 @@ class TraceRequest:
     output_length: int  # generated tokens
     hash_ids: tuple[int, ...]  # chained prefix-block ids
     session: str | None = None  # session key when the trace knows it (game traces)
+    # the game server's hints (module docstring); None: not said
+    warm_lead_ms: float | None = None
+    warm_tokens: int | None = None
+    warm_blocks: int | None = None
+    priority: str | None = None
+    world_version: str | None = None
+    world_blocks: int | None = None
 
     def to_json(self) -> str:
         obj: dict[str, object] = {
@@ -46,7 +62,22 @@ class TraceRequest:
         }
         if self.session is not None:
             obj["session"] = self.session
+        for key in _HINT_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                obj[key] = _compact_number(value) if key == "warm_lead_ms" else value
         return json.dumps(obj)
+
+
+# optional keys and how each is read (TraceRequest's fields of the same names)
+_HINT_KEYS: dict[str, type] = {
+    "warm_lead_ms": float,
+    "warm_tokens": int,
+    "warm_blocks": int,
+    "priority": str,
+    "world_version": str,
+    "world_blocks": int,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +107,16 @@ def parse_mooncake_line(line: str, lineno: int = 0) -> TraceRequest:
             output_length=int(obj["output_length"]),
             hash_ids=hash_ids,
             session=str(obj["session"]) if obj.get("session") is not None else None,
+            **{k: read(obj[k]) for k, read in _HINT_KEYS.items() if obj.get(k) is not None},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"line {lineno}: not a Mooncake trace record: {exc}") from exc
     if req.input_length < 0 or req.output_length < 0 or req.timestamp_ms < 0:
         raise TraceFormatError(f"line {lineno}: negative length or timestamp")
+    if (req.warm_lead_ms or 0) < 0 or (req.warm_blocks or 0) > len(req.hash_ids):
+        raise TraceFormatError(f"line {lineno}: warm lead < 0 or more warm blocks than hash_ids")
+    if (req.world_blocks or 0) > len(req.hash_ids):
+        raise TraceFormatError(f"line {lineno}: more world blocks than hash_ids")
     return req
 
 

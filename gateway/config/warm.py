@@ -58,6 +58,22 @@ class WarmSettings(StrictModel):
     priority: int = 20  # the vLLM priority of a warm (lower is earlier; below background)
     world: WorldSettings = Field(default_factory=WorldSettings)
 
+    def refusal(self, warms: int, real: int, waiting: float | None) -> str | None:
+        """Why an instance with `warms` warms and `real` real requests in flight, its engine
+        reporting `waiting` requests waiting (None: unknown), cannot take an engine warm now;
+        None when it can. The one rule: the gateway's `Warmer` and the cluster simulator."""
+        if warms >= self.max_per_instance:
+            return f"has {warms} warms in flight (limit {self.max_per_instance})"
+        if real >= self.max_real_in_flight:
+            return f"has {real} real requests in flight (warms run under {self.max_real_in_flight})"
+        if waiting is not None and waiting > self.max_engine_waiting:
+            return f"reports {waiting:.0f} requests waiting"
+        return None
+
+    def yields(self, real: int, priority_scheduling: bool) -> bool:
+        """Whether a warm still computing gives way now that `real` requests are in flight."""
+        return self.yield_to_real and not priority_scheduling and real >= self.max_real_in_flight
+
 
 class PrioritySettings(StrictModel):
     """Priority classes (header `x-warmgate-priority` or body field `priority` naming a
@@ -70,6 +86,11 @@ class PrioritySettings(StrictModel):
     background_max_in_flight: int = Field(default=16, ge=1)
     deadline_miss_status: Literal[429, 503] = 429  # when the caller names none
     retry_after_s: int = Field(default=1, ge=1)
+
+    def sheds(self, klass: PriorityClass | None, in_flight: int) -> bool:
+        """Whether admission refuses a request of `klass` on an instance with `in_flight`
+        requests in flight: background work goes first (the gateway and the simulator)."""
+        return klass == "background" and in_flight >= self.background_max_in_flight
 
     @model_validator(mode="after")
     def _every_class(self) -> PrioritySettings:

@@ -131,7 +131,7 @@ def admit(
     instance = routed.decision.instance
     if priority.klass == "background":
         busy = in_flight(instance)
-        if busy >= settings.background_max_in_flight:
+        if settings.sheds(priority.klass, busy):
             raise OpenAIError(
                 429,
                 f"Background work is shed while {instance} has {busy} requests in flight "

@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from gateway.config.settings import StateSettings
+from gateway.pipeline.binding_rule import OVERLOAD_FACTOR, overloaded
 from gateway.pipeline.state_metrics import StateMetrics
 from router.router import Router
 from router.state.base import StateUnavailableError
@@ -42,7 +43,7 @@ class SessionBindings:
         *,
         binding_cache_s: float = 2.0,
         binding_cache_max: int = 100_000,
-        overload_factor: float = 2.0,
+        overload_factor: float = OVERLOAD_FACTOR,
         max_pending: int = 1000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -79,8 +80,7 @@ class SessionBindings:
 
     def _overloaded(self, instance: str, candidates: Sequence[str]) -> bool:
         loads = [self.router.load.view(c)[0] for c in candidates]
-        mean = sum(loads) / len(loads)
-        return self.router.load.view(instance)[0] > self.overload_factor * mean + 4
+        return overloaded(self.router.load.view(instance)[0], loads, self.overload_factor)
 
     def _affine(self, rr: RouteRequest) -> str | None:
         """The session key when bindings apply to this request (see the module docstring)."""

@@ -214,17 +214,9 @@ class Warmer:
 
     def _admission(self, instance: str) -> str | None:
         """Why the instance cannot take an engine warm now, or None."""
-        cfg = self.config
-        warms = self.in_flight(instance)
-        if warms >= cfg.max_per_instance:
-            return f"has {warms} warms in flight (limit {cfg.max_per_instance})"
-        real = self.inflight.count(instance)
-        if real >= cfg.max_real_in_flight:
-            return f"has {real} real requests in flight (warms run under {cfg.max_real_in_flight})"
         load = self.engine_load.loads.get(instance) if self.engine_load is not None else None
-        if load is not None and load.waiting is not None and load.waiting > cfg.max_engine_waiting:
-            return f"reports {load.waiting:.0f} requests waiting"
-        return None
+        waiting = load.waiting if load is not None else None
+        return self.config.refusal(self.in_flight(instance), self.inflight.count(instance), waiting)
 
     async def _compute(
         self, parsed: ParsedRequest, routed: Routed, headers: Mapping[str, str]
@@ -294,13 +286,13 @@ class Warmer:
     def _real_began(self, instance: str) -> None:
         """An `Inflight.on_begin` hook: a real attempt started on `instance`."""
         running = self._running.get(instance)
-        if not running or not self.config.yield_to_real:
+        if not running:
             return
-        if self.inflight.count(instance) < self.config.max_real_in_flight:
-            return  # still quiet enough for a warm: it goes on beside the request
         spec = self.health.spec(instance)
-        if spec is not None and spec.priority_scheduling:
-            return  # the engine orders them: the warm is last in its queue
+        # still quiet enough for a warm, or the engine orders them (the warm is last there)
+        ordered = spec is not None and spec.priority_scheduling
+        if not self.config.yields(self.inflight.count(instance), ordered):
+            return
         for r in running:
             if not r.yielded:
                 r.yielded = True

@@ -15,6 +15,11 @@ n a + b n(n-1)/2 and the instance jumps straight to the first finishing sequence
 arrival during such a run cuts it at the end of the step in progress (solved from the
 same sum), which keeps the event count near a handful per request. An idle instance wakes
 at the end of the instant a request reaches it, so simultaneous arrivals share a step.
+
+Requests wait in order of their `level` (vLLM's priority scheduling: lower first, first
+come first served within a level; every level is 0 unless the simulator sets them). An
+instance with nothing real to do runs its `idle_work` (warms, sim.cluster.warms), one step
+at a time; real work arriving cuts such a step at that instant, so it never waits for one.
 """
 
 from __future__ import annotations
@@ -42,6 +47,33 @@ class InstanceHooks(Protocol):
     def on_first_token(self, req: SimRequest, at_s: float) -> None: ...
 
     def on_finish(self, req: SimRequest, at_s: float) -> None: ...
+
+
+class IdleWork(Protocol):
+    """Work an instance does only while it has nothing real to do (sim.cluster.warms)."""
+
+    def begin(self, now: float) -> float | None:
+        """Start a step at `now`; its end, or None when there is nothing to do."""
+        ...
+
+    def end(self, now: float) -> None:
+        """The step ran to its end."""
+        ...
+
+    def cut(self, now: float) -> None:
+        """Real work arrived: the step stops at `now`."""
+        ...
+
+
+def queue_by_level(waiting: deque[SimRequest], req: SimRequest) -> None:
+    """Behind every request of its level or a lower one, ahead of any of a higher one."""
+    i = len(waiting)
+    while i > 0 and waiting[i - 1].level > req.level:
+        i -= 1
+    if i == len(waiting):
+        waiting.append(req)
+    else:
+        waiting.insert(i, req)
 
 
 class Instance:
@@ -77,16 +109,27 @@ class Instance:
         self._step_end = 0.0
         p = profile
         self._overhead = p.prefill_seconds(0, 0)
+        self.idle_work: IdleWork | None = None
+        self._idle_step = False  # the step in flight is idle work's
 
     # -- arrivals ---------------------------------------------------------------------------
 
     def enqueue(self, req: SimRequest, now: float) -> None:
         self.requests += 1
-        self.waiting.append(req)
+        queue_by_level(self.waiting, req)
         self.poke(now)
+
+    def offer_idle_work(self, now: float) -> None:
+        """Idle work appeared: an idle instance starts it (a busy one finds it when idle)."""
+        if not self.busy:
+            self.poke(now)
 
     def poke(self, now: float) -> None:
         """Something schedulable appeared: start a step, or cut a coalesced decode run."""
+        if self._idle_step and self.idle_work is not None:
+            self._idle_step = False  # real work first: idle work stops where it is
+            self.busy = False
+            self.idle_work.cut(now)
         if not self.busy:
             # wake at the end of this instant, so simultaneous arrivals share the first step
             self.busy = True
@@ -189,8 +232,14 @@ class Instance:
                 budget -= c
             self.waiting = keep
         if not chunks and not decode:
-            self.busy = False
             self._step_n = 0
+            idle_end = self.idle_work.begin(now) if self.idle_work is not None else None
+            self.busy = idle_end is not None
+            if idle_end is not None:
+                self._idle_step = True
+                self._step_start, self._step_end = now, idle_end
+                self.version += 1
+                self.hooks.schedule_step_end(self.idx, idle_end, self.version)
             return
         kv = sum(r.prompt_tokens + r.generated for r in decode)
         self._step_a = p.decode_step_seconds(len(decode), kv) if decode else 0.0
@@ -217,6 +266,11 @@ class Instance:
     def step_end(self, version: int, now: float) -> None:
         if version != self.version or not self.busy:
             return  # superseded by a cut
+        if self._idle_step and self.idle_work is not None:
+            self._idle_step = False
+            self.idle_work.end(now)
+            self._start_step(now)
+            return
         n = self._step_n
         self.busy_s += now - self._step_start
         self.prefill_busy_s += self._step_prefill

@@ -15,6 +15,7 @@ class SimRequest:
     output_tokens: int
     chain: tuple[int, ...]  # block ids of the prompt, in order
     route: RouteRequest
+    level: int = 0  # priority: lower is scheduled first (vLLM's priority scheduling)
     decision: Decision | None = None
     instance: int = -1
     ready_s: float = 0.0  # when its tier loads have landed in L1

@@ -11,7 +11,11 @@ on what a prior can give, and what the figures in bench/results/ before issue 14
 with the gateway's join probe before the trace starts (`sim.cluster.probe`) and hands the
 samples to the policy's `calibrate` hook, so `ttft` starts from its generic prior *and* the
 probe, as a deployment now does; `probe=False` is the prior alone (the figures before the
-probe existed)."""
+probe existed).
+
+`hints` (sim.cluster.hints) runs the simulated gateway acting on the game server's hints the
+trace carries, and adds their figures (sim.cluster.hint_metrics) under `hints`; None (the
+default) is the plain run, unchanged."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from typing import Any, Literal
 
 from router.cost import CostParams
 from router.policies.registry import default_registry
+from sim.cluster.hint_metrics import hint_figures
+from sim.cluster.hints import HintedSimulator, HintSettings
 from sim.cluster.metrics import summarise
 from sim.cluster.probe import probe_samples
 from sim.cluster.simulator import ClusterConfig, ClusterSimulator, SimClock
@@ -52,6 +58,9 @@ def run_policy(
     *,
     prior: Prior = "generic",
     probe: bool = True,
+    hints: HintSettings | None = None,
+    bumps_s: Sequence[float] = (),
+    bump_window_s: float = 0.0,
 ) -> dict[str, Any]:
     """Simulate `trace` under `policy`; returns the figures of `metrics.summarise`."""
     clock = SimClock()
@@ -64,7 +73,8 @@ def run_policy(
         params.setdefault("kv_capacity_tokens", config.l1_tokens)
     registry = default_registry()
     built = registry.create(policy, **params)
-    sim = ClusterSimulator(config, built, clock)
+    hinted = HintedSimulator(config, built, clock, hints=hints) if hints and hints.any else None
+    sim = hinted or ClusterSimulator(config, built, clock)
     if probe:  # the join probe, before any request (policies without the hook ignore it)
         samples = probe_samples(sim.profile)
         for name in sim.names:
@@ -75,4 +85,14 @@ def run_policy(
     policy_stats = record.router_stats.get("policy_stats")
     if policy_stats is not None:
         summary["policy_stats"] = policy_stats
+    if hints is not None:
+        scale = 1.0 / config.rate_scale
+        summary["hints"] = hint_figures(
+            trace,
+            record.requests,
+            hinted,
+            block_tokens=config.block_tokens,
+            bumps_s=[b * scale for b in bumps_s],
+            bump_window_s=bump_window_s * scale,
+        )
     return summary

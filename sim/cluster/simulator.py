@@ -35,7 +35,7 @@ from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
 from router.policies.base import Policy
 from router.router import Router
-from router.types import RouteRequest
+from router.types import Decision, RouteRequest
 from sim.cluster.instance import Instance
 from sim.cluster.kvcache import LruStore
 from sim.cluster.request import SimRequest
@@ -43,7 +43,7 @@ from sim.profiles import Profile, get_profile
 from sim.traces import TraceRequest
 
 _HOST, _ARRAY = Tier.HOST.label, Tier.ARRAY.label  # the tiers' JSON labels
-_STEP, _READY = 0, 1
+_STEP, _READY, _CALL = 0, 1, 2
 MODEL = "sim-cluster"
 
 
@@ -125,6 +125,7 @@ class ClusterSimulator:
         self._seq = 0
         self._events = 0
         self._waiting_load: dict[int, SimRequest] = {}
+        self._calls: dict[int, Callable[[], None]] = {}  # _CALL events by sequence number
         self.array = LruStore(config.array_tokens // bt, self._array_evicted)
         self.l2: list[LruStore | None] = []
         self.instances: list[Instance] = []
@@ -227,10 +228,18 @@ class ClusterSimulator:
             ok=True,
         )
 
+    def call_at(self, at_s: float, call: Callable[[], None]) -> None:
+        """Run `call` at simulated time `at_s` (extensions' own events: sim.cluster.hints)."""
+        self._seq += 1
+        self._calls[self._seq] = call
+        heapq.heappush(self._heap, (at_s, self._seq, _CALL, -1, self._seq))
+
     # -- arrivals and loads -------------------------------------------------------------
 
     def _arrive(self, req: SimRequest) -> None:
-        decision = self.router.route(req.route, self.names)
+        self._dispatch(req, self.router.route(req.route, self.names))
+
+    def _dispatch(self, req: SimRequest, decision: Decision) -> None:
         k = self.names.index(decision.instance)
         req.decision = decision
         req.instance = k
@@ -325,8 +334,10 @@ class ClusterSimulator:
                 self.now = at
                 if kind == _STEP:
                     self.instances[k].step_end(arg, at)
-                else:
+                elif kind == _READY:
                     self._loads_landed(k, arg)
+                else:
+                    self._calls.pop(arg)()
             self._events += 1
         first = reqs[0].arrival_s if reqs else 0.0
         last = max((r.finish_s or 0.0 for r in reqs), default=0.0)

@@ -63,22 +63,64 @@ class ChainIds:
         return out
 
 
-def to_trace(requests: Iterable[GameRequest], block_tokens: int) -> list[TraceRequest]:
-    """Mooncake-format records (with the session key) of game requests."""
+def to_trace(
+    requests: Iterable[GameRequest], block_tokens: int, *, world_tags: bool = False
+) -> list[TraceRequest]:
+    """Mooncake-format records (with the session key) of game requests, and the game
+    server's hints the requests carry (sim.traces: a first line's warm, its class). With
+    `world_tags`, the first prompt of each zone's new world version is tagged with it."""
     chains = ChainIds(block_tokens)
+    versions = _WorldVersions(chains.block_chars) if world_tags else None
     out: list[TraceRequest] = []
     for r in requests:
         text = render_chat(r.messages)
+        warm: dict[str, Any] = {}
+        if r.warm_lead_s and len(r.messages) > 1:
+            context = render_chat(r.messages[:-1])  # a prefix of `text`: its blocks are too
+            warm = {
+                "warm_lead_ms": round(r.warm_lead_s * 1000.0, 3),
+                "warm_tokens": estimate_tokens(context),
+                "warm_blocks": len(context) // chains.block_chars,
+            }
+        world = versions.tag(r) if versions is not None else {}
         out.append(
             TraceRequest(
                 timestamp_ms=round(r.at_s * 1000.0, 3),
                 input_length=estimate_tokens(text),
                 output_length=r.output_tokens,
                 hash_ids=tuple(chains.ids(text)),
-                session=r.session,
+                session=r.session or None,  # barks have none
+                priority=r.priority,
+                **warm,
+                **world,
             )
         )
     return out
+
+
+class _WorldVersions:
+    """Which prompt is the first of its zone's new world state (the first message, the
+    game layout's world state, differing from the zone's previous one)."""
+
+    def __init__(self, block_chars: int) -> None:
+        self.block_chars = block_chars
+        self._last: dict[str, tuple[str, int]] = {}  # zone -> (world text, version count)
+
+    def tag(self, r: GameRequest) -> dict[str, Any]:
+        zone = r.tag.partition("/")[0]
+        world = r.messages[0]["content"] if r.messages else ""
+        last = self._last.get(zone)
+        if last is not None and last[0] == world:
+            return {}
+        version = 1 if last is None else last[1] + 1
+        self._last[zone] = (world, version)
+        if last is None:
+            return {}  # the zone's first state: not a new version
+        first = render_chat(r.messages[:1])
+        return {
+            "world_version": f"{zone}:{version}",
+            "world_blocks": len(first) // self.block_chars,
+        }
 
 
 def write_sidecar(path: str | Path, requests: Iterable[GameRequest]) -> int:
