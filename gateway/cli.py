@@ -29,6 +29,10 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
         "bench.convergence:main",
         "ttft cost model: predicted vs observed TTFT from its prior",
     ),
+    ("bench", "simfit"): (
+        "bench.simfit:main",
+        "fit a simulator profile to real vLLM and check the simulator against real runs",
+    ),
     ("trace", "game"): ("sim.players.cli:main", "write a game-workload trace"),
 }
 

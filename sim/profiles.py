@@ -21,9 +21,12 @@ loads), `contracts.tiers.DEFAULT_BANDWIDTH_BPS`.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 from contracts.errors import ConfigurationError
 from contracts.tiers import DEFAULT_BANDWIDTH_BPS, Tier
@@ -55,6 +58,9 @@ class Profile:
     kv_capacity_tokens: int  # HBM left for KV after weights and activations
     max_batch_tokens: int = 8192  # chunked-prefill token budget per step
     max_num_seqs: int = 64
+    # a step taken while another instance on the same machine computes takes this many
+    # times as long (CPU engines sharing a machine's cores: sim.cluster.cores); 1: own hardware
+    shared_core_slowdown: float = 1.0
     # bytes/s into HBM by tier (every tier slower than HBM): the contracts' defaults unless a
     # profile overrides them
     bandwidths: Mapping[Tier, float] = field(default_factory=default_bandwidths)
@@ -161,16 +167,49 @@ PROFILES: dict[str, Profile] = {
 }
 
 DEFAULT_PROFILE = "qwen2.5-32b-h200"
+# Profiles fitted to real engines (`warmgate bench simfit`), one JSON file each, by name
+FITTED_DIR = Path(__file__).with_name("fitted")
 
 
 class UnknownProfileError(ConfigurationError, ValueError):
     """A timing profile name that is not in `PROFILES`."""
 
 
-def get_profile(name: str) -> Profile:
+class ProfileFileError(ConfigurationError, ValueError):
+    """A fitted profile's JSON file that does not describe a profile."""
+
+
+def profile_to_json(profile: Profile) -> dict[str, Any]:
+    """A profile as JSON (bandwidths by tier label)."""
+    obj = asdict(profile)
+    obj["bandwidths"] = {t.label: bps for t, bps in profile.bandwidths.items()}
+    return obj
+
+
+def profile_from_json(obj: Mapping[str, Any]) -> Profile:
+    """The profile `profile_to_json` wrote (missing bandwidths: the contracts' defaults)."""
+    fields = dict(obj)
+    by_label = {t.label: t for t in Tier}
     try:
-        return PROFILES[name]
-    except KeyError:
-        raise UnknownProfileError(
-            f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}"
-        ) from None
+        if "bandwidths" in fields:
+            fields["bandwidths"] = {by_label[k]: float(v) for k, v in fields["bandwidths"].items()}
+        return Profile(**fields)
+    except (KeyError, TypeError) as exc:
+        raise ProfileFileError(f"not a timing profile: {exc}") from None
+
+
+def fitted_profile_names() -> list[str]:
+    return sorted(p.stem for p in FITTED_DIR.glob("*.json"))
+
+
+def get_profile(name: str) -> Profile:
+    """A built-in profile, else a fitted one from `FITTED_DIR`."""
+    known = PROFILES.get(name)
+    if known is not None:
+        return known
+    path = FITTED_DIR / f"{name}.json"
+    if path.is_file():
+        return profile_from_json(json.loads(path.read_text(encoding="utf-8")))
+    raise UnknownProfileError(
+        f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES) + fitted_profile_names())}"
+    )

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from contracts.tiers import Tier
+from sim.cluster.connector import ConnectorHits
+from sim.cluster.cores import SharedCores
 from sim.cluster.kvcache import L1Store
 from sim.cluster.request import SimRequest
 from sim.profiles import Profile
@@ -110,6 +112,10 @@ class Instance:
         p = profile
         self._overhead = p.prefill_seconds(0, 0)
         self.idle_work: IdleWork | None = None
+        # physics the simulator sets when it models them (sim.cluster.connector, .cores)
+        self.connector: ConnectorHits | None = None
+        self.cores: SharedCores | None = None
+        self._pending_load_s: dict[int, float] = {}  # sync connector loads, by request
         self._idle_step = False  # the step in flight is idle work's
 
     # -- arrivals ---------------------------------------------------------------------------
@@ -188,6 +194,7 @@ class Instance:
         for i in range(matched):
             tier = req.loaded_from.get(chain[i], _HBM)
             by_tier[tier] = by_tier.get(tier, 0) + min(bt, req.prompt_tokens - i * bt)
+        hit += self._connector_hit(req, matched, by_tier)
         req.cached_by_tier = by_tier
         # an engine always computes at least the last prompt token
         req.prefill_left = max(1, req.prompt_tokens - hit)
@@ -196,6 +203,29 @@ class Instance:
         req.admitted = True
         self.running.append(req)
         return True
+
+    def _connector_hit(self, req: SimRequest, matched: int, by_tier: dict[str, int]) -> int:
+        """Tokens the KV connector loads for a request admitted with `matched` blocks in
+        HBM (sim.cluster.connector); they are computed no more, and their load is charged
+        to the step that computes the request's first chunk."""
+        if self.connector is None:
+            return 0
+        _, tokens, load_s = self.connector.find(req.chain, matched, req.prompt_tokens)
+        for tier, n in tokens.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+        if load_s > 0:
+            self._pending_load_s[req.idx] = load_s
+        found = sum(tokens.values())
+        req.cached_tokens += found
+        return found
+
+    def _scale_for_shared_cores(self) -> None:
+        """Stretch the step about to start when another instance computes on the machine's
+        cores too (sim.cluster.cores)."""
+        if self.cores is not None:
+            scale = self.cores.step_scale(self.idx)
+            self._step_a *= scale
+            self._step_b *= scale
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -233,6 +263,8 @@ class Instance:
             self.waiting = keep
         if not chunks and not decode:
             self._step_n = 0
+            if self.cores is not None:
+                self.cores.idle(self.idx)
             idle_end = self.idle_work.begin(now) if self.idle_work is not None else None
             self.busy = idle_end is not None
             if idle_end is not None:
@@ -247,6 +279,7 @@ class Instance:
         compute = 0.0
         for r, c in chunks:
             compute += p.prefill_seconds(c, r.context_done) - self._overhead
+            compute += self._pending_load_s.pop(r.idx, 0.0)  # a sync load holds the step
         self._step_prefill = compute + self._overhead if chunks else 0.0
         if chunks:
             self._step_a += compute + self._overhead
@@ -254,6 +287,7 @@ class Instance:
             n = 1
         else:
             n = min(r.output_left for r in decode)
+        self._scale_for_shared_cores()
         self._step_chunks = chunks
         self._step_decode = decode
         self._step_n = n

@@ -36,6 +36,8 @@ from router.load import LoadView
 from router.policies.base import Policy
 from router.router import Router
 from router.types import Decision, RouteRequest
+from sim.cluster.connector import ConnectorHits
+from sim.cluster.cores import SharedCores
 from sim.cluster.instance import Instance
 from sim.cluster.kvcache import LruStore
 from sim.cluster.request import SimRequest
@@ -44,6 +46,7 @@ from sim.traces import TraceRequest
 
 _HOST, _ARRAY = Tier.HOST.label, Tier.ARRAY.label  # the tiers' JSON labels
 _STEP, _READY, _CALL = 0, 1, 2
+TIER_LOADS = ("arrival", "admission")
 MODEL = "sim-cluster"
 
 
@@ -63,6 +66,10 @@ class ClusterConfig:
     array_write_through: bool = False  # computed blocks are also written to the array at once
     predict_on_route: bool = True
     residency_events: bool = True
+    # when tier hits count: "arrival" (the gateway's prefetch lands them in HBM before the
+    # request is scheduled) or "admission" (vLLM's KV connector finds and loads them as the
+    # scheduler admits it: tierd's connector, sim.cluster.connector)
+    tier_loads: str = "arrival"
 
     def instance_names(self) -> list[str]:
         return [f"i{k}" for k in range(self.instances)]
@@ -105,6 +112,8 @@ class ClusterSimulator:
             raise SimulatorParamsError("instances must be positive")
         if config.rate_scale <= 0:
             raise SimulatorParamsError("rate_scale must be positive")
+        if config.tier_loads not in TIER_LOADS:
+            raise SimulatorParamsError(f"tier_loads must be one of {', '.join(TIER_LOADS)}")
         self.config = config
         self.profile: Profile = profile or get_profile(config.profile)
         # bytes/s of each instance's links, by the label its loads are counted under
@@ -147,6 +156,21 @@ class ClusterSimulator:
                 )
             )
             self._links.append({_HOST: 0.0, _ARRAY: 0.0})
+        self._attach_physics()
+
+    def _attach_physics(self) -> None:
+        """The models a configuration or profile asks for: loads by the KV connector at
+        admission (sim.cluster.connector), engines sharing the machine's cores (.cores)."""
+        cores = (
+            SharedCores(self.profile.shared_core_slowdown)
+            if self.profile.shared_core_slowdown != 1.0
+            else None
+        )
+        for k, inst in enumerate(self.instances):
+            inst.cores = cores
+            if self.config.tier_loads == "admission":
+                bt = self.config.block_tokens
+                inst.connector = ConnectorHits(self.profile, bt, self.l2[k], self.array)
 
     @property
     def now(self) -> float:
@@ -254,6 +278,8 @@ class ClusterSimulator:
         inst.enqueue(req, self.now)
 
     def _start_loads(self, req: SimRequest, k: int) -> float:
+        if self.config.tier_loads == "admission":
+            return self.now  # the connector loads at admission instead (sim.cluster.connector)
         chain = req.chain
         inst = self.instances[k]
         j = inst.l1.leading_match(chain)
