@@ -339,7 +339,9 @@ async def test_the_connection_limit_makes_requests_wait_then_time_out(
 
     server = await serve(handler)
     pool = make(
-        Timeouts(connect_s=1.0, read_s=1.0, write_s=1.0, pool_s=0.2),
+        # a pool wait long enough for a loaded machine to finish the held answer in (0.2 s
+        # timed out once under two xdist workers and two engines)
+        Timeouts(connect_s=2.0, read_s=2.0, write_s=2.0, pool_s=1.0),
         max_connections=1,
         max_keepalive=1,
     )
