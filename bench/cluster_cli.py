@@ -41,7 +41,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_hint_args import add_hint_flags, hint_config, hint_run, hints_ab, parse_bumps
+from bench.cluster_hint_args import (
+    add_hint_flags,
+    hint_config,
+    hint_run,
+    hints_ab,
+    parse_bumps,
+    parse_hint_figures,
+)
 from bench.cluster_hints import hints_markdown
 from bench.cluster_seeds import (
     HintRun,
@@ -358,6 +365,7 @@ def main(argv: Sequence[str]) -> int:
         if args.seeds is not None:
             parse_seeds(args.seeds)
         parse_bumps(args.bumps)
+        parse_hint_figures(args.hint_figures)
     except ValueError as exc:
         print(f"warmgate bench cluster: {exc}", file=sys.stderr)
         return 2

@@ -8,9 +8,10 @@ import argparse
 import time
 from typing import Any
 
-from bench.cluster_hints import run_hints_ab
+from bench.cluster_hints import ARMS, run_hints_ab
 from bench.cluster_seeds import HintRun, parse_seeds, parse_share
 from bench.game_figures import BUMP_WINDOW_S
+from contracts.errors import InputError
 from sim.cluster.hints import HintSettings
 from sim.cluster.simulator import ClusterConfig
 from sim.profiles import get_profile
@@ -30,6 +31,11 @@ def add_hint_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--announce-versions", action="store_true", help="warm tagged versions")
     p.add_argument("--hints-ab", action="store_true", help="each hint on against off")
+    p.add_argument(
+        "--hint-figures",
+        default=",".join(ARMS),
+        help=f"--hints-ab: which figures ({', '.join(ARMS)})",
+    )
 
 
 def hint_config(hinted: HintRun | None) -> dict[str, Any]:
@@ -44,6 +50,19 @@ def hint_config(hinted: HintRun | None) -> dict[str, Any]:
         "announce": h.announce,
     }  # fmt: skip
     return {"hints": {"trace": hinted.server, "simulated_gateway": acts}}
+
+
+def parse_hint_figures(text: str) -> tuple[str, ...]:
+    """`--hint-figures warm,barks`: the figures named, each a known one."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in ARMS]
+    if unknown or not names:
+        raise HintFiguresError(f"--hint-figures: want some of {', '.join(ARMS)}, not {text!r}")
+    return names
+
+
+class HintFiguresError(InputError, ValueError):
+    """`--hint-figures` naming no figure, or one that does not exist."""
 
 
 def parse_bumps(text: str) -> tuple[float, ...]:
@@ -96,6 +115,7 @@ def hints_ab(
         lead_s=args.warm_lead_s or 4.0,
         bumps_s=parse_bumps(args.bumps) or (240.0, 420.0),
         bark_rate=args.barks or None,
+        figures=parse_hint_figures(args.hint_figures),
     )
     results["config"] = {
         "instances": args.instances,

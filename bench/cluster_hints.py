@@ -114,6 +114,7 @@ def run_hints_ab(
     lead_s: float,
     bumps_s: Sequence[float],
     bark_rate: float | None,
+    figures: Sequence[str] = tuple(ARMS),
 ) -> dict[str, Any]:
     """Every (seed, policy, figure, arm); per seed the arms' figures, over seeds the spread
     of each with/without ratio (`summarise`)."""
@@ -147,7 +148,7 @@ def run_hints_ab(
 
         for done in write(["plain"]):
             done.result()
-        later = write(["warm", "bumps"])
+        later = write([t for f, t in (("warm", "warm"), ("replication", "bumps")) if f in figures])
         configs: dict[int, ClusterConfig] = {}
         for seed in seeds:
             l1 = base.l1_tokens
@@ -156,17 +157,17 @@ def run_hints_ab(
                 l1 = max(bt, round(distinct_block_tokens(t, bt) * l1_share))
             configs[seed] = ClusterConfig(**{**_fields(base), "l1_tokens": l1})
         per_instance = None
-        if bark_rate is None:
+        if bark_rate is None and "barks" in figures:
             per_instance = bark_capacity(configs[seeds[0]], policies[0], prior, probe)
             bark_rate = 2.0 * per_instance * base.instances
         servers["barks"] = {"bark_rate_per_s": bark_rate, "priority_classes": True}
-        for done in [*later, *write(["barks"])]:
+        for done in [*later, *write(["barks"] if "barks" in figures else [])]:
             done.result()
         tasks: dict[tuple[int, str, str, str], tuple[Any, ...]] = {}
         for seed in seeds:
             for policy in policies:
-                for figure, arms in ARMS.items():
-                    for arm, (trace, hints) in arms.items():
+                for figure in figures:
+                    for arm, (trace, hints) in ARMS[figure].items():
                         bumps = tuple(bumps_s) if trace == "bumps" else ()
                         run = HintRun(servers[trace], hints, bumps, BUMP_WINDOW_S)
                         tasks[(seed, policy, figure, arm)] = (
@@ -181,10 +182,8 @@ def run_hints_ab(
         futures = {k: pool.submit(_arm, *a) for k, a in tasks.items()}
         runs = {k: f.result() for k, f in futures.items()}
     per_seed: dict[str, Any] = {}
-    for (seed, policy, figure, arm), figures in runs.items():
-        per_seed.setdefault(str(seed), {}).setdefault(policy, {}).setdefault(figure, {})[arm] = (
-            figures
-        )
+    for (seed, policy, figure, arm), row in runs.items():
+        per_seed.setdefault(str(seed), {}).setdefault(policy, {}).setdefault(figure, {})[arm] = row
     return {
         "seeds": list(seeds),
         "policies": list(policies),
@@ -194,7 +193,8 @@ def run_hints_ab(
         "bark_rate_per_s": bark_rate,
         "bark_capacity_per_instance_per_s": per_instance,
         "per_seed": per_seed,
-        "summary": {p: summarise(per_seed, p) for p in policies},
+        "figures": list(figures),
+        "summary": {p: summarise(per_seed, p, figures) for p in policies},
     }
 
 
@@ -240,10 +240,12 @@ MEASURES: tuple[tuple[str, str, str, str | None, tuple[str, ...]], ...] = (
 _WITHOUT_PATH = {("barks", "none"): ("all",)}
 
 
-def summarise(per_seed: dict[str, Any], policy: str) -> dict[str, Any]:
-    """Per measure: each seed's ratio (or value), and their median and range."""
+def summarise(per_seed: dict[str, Any], policy: str, figures: Sequence[str]) -> dict[str, Any]:
+    """Per measure of `figures`: each seed's ratio (or value), and their median and range."""
     out: dict[str, Any] = {}
     for name, figure, with_arm, without_arm, path in MEASURES:
+        if figure not in figures:
+            continue
         values: list[float] = []
         for seed_rows in per_seed.values():
             arms = seed_rows[policy][figure]
@@ -293,7 +295,8 @@ def hints_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); warm lead {results['warm_lead_s']:g} s; "
         f"bumps at {', '.join(f'{b:g}' for b in results['bumps_s'])} s (window "
-        f"{results['bump_window_s']:g} s); barks {results['bark_rate_per_s']:.2f}/s"
+        f"{results['bump_window_s']:g} s); barks "
+        + (f"{results['bark_rate_per_s']:.2f}/s" if results["bark_rate_per_s"] else "not run")
         + (
             f" (2x the measured capacity, {results['bark_capacity_per_instance_per_s']:.2f}/s "
             "per instance)"
@@ -304,7 +307,9 @@ def hints_markdown(results: dict[str, Any]) -> str:
         "| measure | " + " | ".join(results["policies"]) + " |",
         "|---|" + "---|" * len(results["policies"]),
     ]
-    for name, *_ in MEASURES:
+    for name, figure, *_ in MEASURES:
+        if figure not in results["figures"]:
+            continue
         cells = [_cell(results["summary"][p][name]) for p in results["policies"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Median over seeds of each arm's figure (s):", ""]
@@ -313,8 +318,8 @@ def hints_markdown(results: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     rows = results["per_seed"]
     for p in results["policies"]:
-        for figure, arms in ARMS.items():
-            for arm in arms:
+        for figure in results["figures"]:
+            for arm in ARMS[figure]:
 
                 def two(*path: str, pol: str = p, fig: str = figure, a: str = arm) -> str:
                     lo = _abs(rows, pol, fig, a, (*path, "ttft_p50_s"))

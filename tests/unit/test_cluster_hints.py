@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from bench.cluster_hint_args import add_hint_flags, hint_run
+from bench.cluster_hint_args import HintFiguresError, add_hint_flags, hint_run, parse_hint_figures
 from contracts.tiers import Tier
 from gateway.config.warm import PrioritySettings, WarmSettings
 from gateway.pipeline.binding_rule import overloaded
@@ -261,3 +261,6 @@ def test_the_cli_asks_for_no_hints_by_default() -> None:
     assert run is not None and run.hints is not None
     assert run.hints.warms and run.hints.replication and not run.hints.priority_classes
     assert run.server == {"warm_lead_s": 4.0, "bump_at_s": (60.0, 90.0)}
+    assert parse_hint_figures("warm, barks") == ("warm", "barks")
+    with pytest.raises(HintFiguresError):
+        parse_hint_figures("warm,herding")
