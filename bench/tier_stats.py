@@ -10,7 +10,12 @@ the totals are that replay's (plus one warm-up request per engine). Figures:
 - ``tierd_loaded_tokens``: prompt tokens the engines loaded from tierd instead of computing;
 - ``save_ms_per_block`` (the save's own time) and ``save_wait_ms_per_block`` (what the
   engines' steps waited for it: the part left on the critical path);
-- lookups and the connector's lookup round trip inside the engines (p50, the worst engine's).
+- lookups and the connector's lookup round trip inside the engines (p50, the worst engine's);
+- why hinted blocks were late: ``prefetch_evicted_before_ask`` (in host memory, then evicted
+  before the engine asked), ``prefetch_late_absent_at_hint`` (in no tier when hinted),
+  ``prefetch_late_hint_after_ask`` (the engine asked before the hint came), the
+  prefetches' own outcomes (``prefetch_outcomes``: hit, on_time, late, abandoned at the
+  hint's deadline, miss) and L1's evictions.
 """
 
 from __future__ import annotations
@@ -33,12 +38,18 @@ TIERS_NOTE = (
     "tierd's host memory. Save: the connector's own time per block, and the part of it the "
     "engine's next step waited for (saves run off the critical path)."
 )
-HINTS = ("prefetch_hinted_blocks", "prefetch_on_time", "prefetch_late")
+HINTS = (
+    "prefetch_hinted_blocks", "prefetch_on_time", "prefetch_late", "prefetch_evicted_before_ask",
+    "prefetch_hint_expired", "prefetch_late_absent_at_hint", "prefetch_late_hint_after_ask",
+)  # fmt: skip
+OUTCOMES = ("requests", "hit", "on_time", "late", "abandoned", "miss")
 
 
 def _collect(fleet: TieredFleet) -> dict[str, Any]:
     conn: dict[str, int] = dict.fromkeys(SUMMED, 0)
     hints: dict[str, int] = dict.fromkeys(HINTS, 0)
+    outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+    l1_evictions = 0
     rtt_p50: list[int] = []
     for inst in fleet.instances:
         c = inst.stats()
@@ -47,15 +58,22 @@ def _collect(fleet: TieredFleet) -> dict[str, Any]:
         if "lookup_rtt_p50_us" in c:
             rtt_p50.append(int(c["lookup_rtt_p50_us"]))
         with contextlib.suppress(Exception):  # a tierd that died: its figures are missing
-            kv = inst.tierd.stats().get("connector") or {}
+            stats = inst.tierd.stats()
+            kv = stats.get("connector") or {}
             for k in HINTS:
                 hints[k] += int(kv.get(k, 0))
+            prefetch = stats.get("prefetch") or {}
+            for k in OUTCOMES:
+                outcomes[k] += int(prefetch.get(k, 0))
+            l1_evictions += int((stats.get("evictions") or {}).get("l1", 0))
     asked = hints["prefetch_on_time"] + hints["prefetch_late"]
     saved = conn["saved_blocks"]
     block = fleet.cfg.block_size or 128
     return {
         "prefetch_on_time_share": round(hints["prefetch_on_time"] / asked, 4) if asked else None,
         **hints,
+        "prefetch_outcomes": outcomes,
+        "tierd_l1_evictions": l1_evictions,
         "tierd_loaded_tokens": conn["loaded_blocks"] * block,
         "tierd_loaded_blocks": conn["loaded_blocks"],
         "tierd_load_failed_blocks": conn["load_failed_blocks"],

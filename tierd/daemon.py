@@ -50,6 +50,7 @@ class Daemon:
         self.store = TieredStore(settings, self.events, clock)
         self.loader = Loader(self.store)
         self.hints = HintLedger()  # prefetch on time? (the hint, then the engine's ask)
+        self.store.on_l1_evicted = self.hints.evicted
         self.prefetcher = ChainPrefetcher(self.store, self.loader, self.hints)
         self.snapshotter = Snapshotter(self.store)
         self.kv: KvServer | None = None

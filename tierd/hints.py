@@ -10,6 +10,12 @@ nor is an ask more than `ttl_s` after the hint (a later turn's, not this hint's)
 that arrives after the engine already asked for its blocks (the gateway sends it beside the
 request, not before it) is ``late`` for those blocks.
 The on-time share is ``on_time / (on_time + late)``; `bench compare --tiers` reports it.
+Why a block was late shows in the other counters: ``evicted_before_ask`` (it was in host
+memory and L1 evicted it while its ask was still to come), ``late_absent_at_hint`` (no tier
+held it when the hint came: it was written later, by a save or a peer sharing the array, so
+no prefetch could have fetched it), ``late_hint_after_ask`` (the engine asked first); the rest
+of ``late`` were still being read when asked. The prefetches' own outcomes are
+`tierd.prefetch`'s.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class HintLedger:
         self._clock = clock
         self._pending: OrderedDict[int, float] = OrderedDict()  # hash -> when hinted
         self._asked: OrderedDict[int, float] = OrderedDict()  # hash -> when asked, unhinted
+        self._absent: set[int] = set()  # pending hints no tier held when they came
         self.counters: Counter[str] = Counter()
 
     def hinted(self, hashes: Iterable[int]) -> None:
@@ -46,6 +53,7 @@ class HintLedger:
             if asked is not None and now - asked <= self.ttl_s:
                 self.counters["hinted_blocks"] += 1
                 self.counters["late"] += 1  # the engine asked before the hint came
+                self.counters["late_hint_after_ask"] += 1
                 continue
             if h in self._pending:
                 self._pending.move_to_end(h)
@@ -53,8 +61,22 @@ class HintLedger:
                 self.counters["hinted_blocks"] += 1
             self._pending[h] = now
         while len(self._pending) > self.capacity:
-            self._pending.popitem(last=False)
+            old, _ = self._pending.popitem(last=False)
+            self._absent.discard(old)
             self.counters["hinted_forgotten"] += 1
+
+    def absent(self, hashes: Iterable[int]) -> None:
+        """Of the hashes just hinted, these were in no tier (the prefetch found nothing)."""
+        self._absent.update(h for h in hashes if h in self._pending)
+
+    def awaiting(self, h: int) -> bool:
+        """Hinted within the TTL and not yet asked for by the engine."""
+        at = self._pending.get(h)
+        return at is not None and self._clock() - at <= self.ttl_s
+
+    def evicted(self, hashes: Iterable[int]) -> None:
+        """L1 freed these: count those whose ask is still to come (they will be late)."""
+        self.counters["evicted_before_ask"] += sum(1 for h in hashes if self.awaiting(h))
 
     def asked(self, hashes: Iterable[int], in_host: Callable[[int], bool]) -> None:
         """The engine asks for `hashes` (tierd holds them in some tier)."""
@@ -65,10 +87,15 @@ class HintLedger:
                 self._asked[h] = now
                 self._asked.move_to_end(h)
                 continue
+            absent = h in self._absent
+            self._absent.discard(h)
             if now - at > self.ttl_s:
                 self.counters["hint_expired"] += 1
+            elif in_host(h):
+                self.counters["on_time"] += 1
             else:
-                self.counters["on_time" if in_host(h) else "late"] += 1
+                self.counters["late"] += 1
+                self.counters["late_absent_at_hint"] += absent
         while len(self._asked) > self.capacity:
             self._asked.popitem(last=False)
 

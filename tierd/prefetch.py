@@ -49,6 +49,8 @@ class ChainPrefetcher:
         for t in transfers:
             moving.update(wanted.intersection(t.hashes))
         outcome["miss"] += len(set(missing))
+        if self.hints is not None:
+            self.hints.absent(missing)
         outcome["hit"] = len(wanted) - len(moving) - len(set(missing))  # in L1 at plan time
         pending: set[asyncio.Task[Loaded]] = set()
         by_task: dict[asyncio.Task[Loaded], Transfer] = {}

@@ -97,6 +97,7 @@ class TieredStore:
         self._evicting: set[int] = set()
         self.on_array_grew: Callable[[], None] | None = None
         self.on_session_idle: Callable[[list[int]], None] | None = None
+        self.on_l1_evicted: Callable[[list[int]], None] | None = None  # the hint ledger
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -311,6 +312,8 @@ class TieredStore:
                     freed.append(h)
             self.counters.evictions["l1"] += len(freed)
             self.events.removed(ev.GPU, freed)
+            if freed and self.on_l1_evicted is not None:
+                self.on_l1_evicted(freed)
         finally:
             self._evicting.difference_update(victims)
         if down and self.on_array_grew is not None:

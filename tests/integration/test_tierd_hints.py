@@ -32,7 +32,32 @@ def test_a_hint_that_comes_after_the_engine_asked_is_late() -> None:
     ledger.asked([3], in_host=lambda h: True)
     stats = ledger.stats()
     assert (stats["prefetch_late"], stats["prefetch_on_time"]) == (2, 1)
+    assert stats["prefetch_late_hint_after_ask"] == 2
     assert stats["prefetch_hinted_blocks"] == 3
+
+
+def test_an_eviction_before_the_ask_is_counted_for_blocks_still_awaited() -> None:
+    now = [100.0]
+    ledger = HintLedger(ttl_s=30.0, clock=lambda: now[0])
+    ledger.hinted([1, 2, 3])
+    ledger.asked([1], in_host=lambda h: True)  # 1 asked: no longer awaited
+    assert [ledger.awaiting(h) for h in (1, 2, 3, 4)] == [False, True, True, False]
+    ledger.evicted([1, 2, 4])  # only 2 was still to be asked for
+    assert ledger.stats()["prefetch_evicted_before_ask"] == 1
+    now[0] += 31.0  # past the TTL: 3's hint no longer answers for an ask
+    assert not ledger.awaiting(3)
+    ledger.evicted([3])
+    assert ledger.stats()["prefetch_evicted_before_ask"] == 1
+
+
+def test_a_late_block_no_tier_held_at_the_hint_is_counted_as_absent() -> None:
+    ledger = HintLedger()
+    ledger.hinted([1, 2, 3])
+    ledger.absent([2, 3, 9])  # the prefetch found 2 and 3 nowhere (9 was never hinted)
+    ledger.asked([1, 2, 3], in_host=lambda h: h == 3)  # 3 arrived in time after all
+    stats = ledger.stats()
+    assert (stats["prefetch_late"], stats["prefetch_late_absent_at_hint"]) == (2, 1)
+    assert stats["prefetch_on_time"] == 1
 
 
 def test_an_ask_long_after_the_hint_is_not_this_hints() -> None:
