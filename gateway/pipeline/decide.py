@@ -85,10 +85,16 @@ class RequestPipeline:
         self.bindings = bindings
 
     async def decide(
-        self, parsed: ParsedRequest, *, dry_run: bool, among: Collection[str] | None = None
+        self,
+        parsed: ParsedRequest,
+        *,
+        dry_run: bool,
+        among: Collection[str] | None = None,
+        route: RouteRequest | None = None,
     ) -> Routed:
         """`among`: the only instances that may be chosen (the subset a data plane offers
-        the endpoint picker, gateway/epp/), None for every healthy one."""
+        the endpoint picker, gateway/epp/), None for every healthy one. `route`: the request
+        as a decision moments ago saw it (a warm's preview), not tokenized again."""
         if parsed.model not in self.health.known_models():
             raise model_not_found(parsed.model)
         candidates = self.health.candidates_for(parsed.model)
@@ -97,7 +103,7 @@ class RequestPipeline:
         retry_after = self.settings.retry_after_s
         if not candidates:
             raise no_healthy_instance(parsed.model, retry_after)
-        rr = await self.route_request(parsed, candidates)
+        rr = route if route is not None else await self.route_request(parsed, candidates)
         bindings = self.bindings
         bound = await bindings.lookup(rr, dry_run=dry_run) if bindings is not None else None
         # from here to the binding nothing is awaited: no other request slips in between

@@ -1,7 +1,8 @@
 """Warming a session's prompt before the player speaks (`POST /v1/warm`, issue 22 item 1).
 
 `Warmer.warm(parsed)` routes the request exactly as the proxy would (`RequestPipeline.decide`,
-which binds the session to the chosen instance), then makes the KV of the prompt's full
+which binds the session to the chosen instance; a warm the instance must refuse is refused
+from a preview, before anything is bound), then makes the KV of the prompt's full
 blocks resident there the cheapest way the prefix index knows of:
 - `held`: the index says the instance's engine cache (HBM) holds them: nothing to do;
 - `tierd`: the rest of the run is held by the instance's tierd (host memory, the array, a
@@ -43,6 +44,7 @@ from gateway.pipeline.prefetch import PrefetchHints
 from gateway.pipeline.world_replicate import WorldReplicator
 from gateway.upstream.inflight import Inflight
 from router.router import Router
+from router.types import RouteRequest
 
 log = logging.getLogger("warmgate.warm")
 
@@ -50,6 +52,12 @@ Source = Literal["held", "tierd", "engine"]
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 # fields of the client's body that would change what the engine computes or sends back
 _DROPPED = ("stream", "stream_options", "max_completion_tokens", "n", "logprobs", "top_logprobs")
+
+
+def _warmable_tokens(rr: RouteRequest) -> int:
+    """The prompt's full blocks, in tokens (the last token is always computed)."""
+    bt = rr.block_tokens
+    return max(0, (rr.prompt_tokens - 1) // bt * bt) if bt > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,13 +156,23 @@ class Warmer:
         """Warm `parsed`'s prompt on the instance its session is routed (and bound) to;
         raises the 429 when deferred, a 502 when the engine or tierd failed."""
         started = time.monotonic()
-        routed = await self.pipeline.decide(parsed, dry_run=False)
+        # Previewed first: a warm the instance must refuse (it needs the engine, which is
+        # busy) is refused before the session is bound there. Bound, the player's line would
+        # follow the refused warm to the busy instance, and in a raid every warm of a zone
+        # sees the same loads: their sessions herd onto one instance (bench cluster
+        # --hints-ab, 2026-12-03: first-line p99 2.6x that without warms).
+        preview = await self.pipeline.decide(parsed, dry_run=True)
+        if self._needs_engine(preview):
+            why = self._admission(preview.decision.instance)
+            if why is not None:
+                self._count("engine", "deferred")
+                raise deferred(preview.decision.instance, why, self.config.retry_after_s)
+        routed = await self.pipeline.decide(parsed, dry_run=False, route=preview.route)
         decision, rr = routed.decision, routed.route
         instance = decision.instance
         by_tier = decision.cached_tokens_by_tier
         held = by_tier.get("hbm", 0)
-        bt = rr.block_tokens
-        full = max(0, (rr.prompt_tokens - 1) // bt * bt) if bt > 0 else 0  # warmable tokens
+        full = _warmable_tokens(rr)
         if held >= full:
             self._count("held", "ok")
             return WarmResult(instance, rr.prompt_tokens, held, 0, "held", _ms(started))
@@ -168,6 +186,14 @@ class Warmer:
         cached = _int(details, "cached_tokens", 0)
         return WarmResult(instance, prompt, cached, max(0, prompt - cached), "engine", _ms(started))
 
+    @staticmethod
+    def _needs_engine(routed: Routed) -> bool:
+        """Neither held in HBM nor restorable from tierd: the warm would compute."""
+        full, by_tier = _warmable_tokens(routed.route), routed.decision.cached_tokens_by_tier
+        if by_tier.get("hbm", 0) >= full:
+            return False
+        return not (sum(by_tier.values()) >= full and routed.prefetch is not None)
+
     async def warm_on(self, parsed: ParsedRequest, instance: str) -> WarmResult:
         """Warm `parsed` (no session: nobody is bound) on `instance`, whatever the policy
         would choose: a world version's replication. The same admission as `warm`."""
@@ -175,8 +201,7 @@ class Warmer:
         rr = await self.pipeline.route_request(parsed, [instance])
         decision = self.router.explain(rr, [instance])
         held = decision.cached_tokens_by_tier.get("hbm", 0)
-        bt = rr.block_tokens
-        full = max(0, (rr.prompt_tokens - 1) // bt * bt) if bt > 0 else 0
+        full = _warmable_tokens(rr)
         if held >= full:
             self._count("held", "ok")
             return WarmResult(instance, rr.prompt_tokens, held, 0, "held", _ms(started))

@@ -5,9 +5,10 @@ them; every rule it applies is the gateway's own, imported, not copied:
 
 - **Warms** (a trace record's `warm_lead_ms`): `warm_lead_ms` before the line, its context
   (the first `warm_blocks` blocks) is routed as the line would be (the same `Router.route`
-  over every instance), which binds the session (`warm_binds`, even when the warm is then
-  deferred, as the gateway's decide binds before admission): the line goes where its warm
-  went unless that instance is then clearly overloaded (gateway/pipeline/binding_rule.py). The
+  over every instance); a warm the gateway admits binds the session (`warm_binds`; a deferred
+  one binds nothing, as gateway/pipeline/warm.py refuses it from a preview): the line goes
+  where its warm went unless that instance is then clearly overloaded
+  (gateway/pipeline/binding_rule.py). The
   gateway's admission (`WarmSettings.refusal`: warms and real requests in flight, the
   engine's waiting queue) defers it, or the instance computes it at the lowest priority
   (sim.cluster.warms: only while idle, cut by real work). A warm gives way when real work
@@ -56,8 +57,8 @@ class HintSettings:
     priority_classes: bool = False
     replication: bool = False
     announce: bool = False
-    # a warm binds its session (the gateway's decide, before admission: with the Redis
-    # backend's bindings); False: the single replica's memory backend, which binds nobody
+    # an admitted warm binds its session (the gateway's decide after admission, with the
+    # Redis backend's bindings); False: the single replica's memory backend, which binds nobody
     warm_binds: bool = True
     warm: WarmSettings = field(default_factory=WarmSettings)
     priority: PrioritySettings = field(default_factory=PrioritySettings)
@@ -169,9 +170,11 @@ class HintedSimulator(ClusterSimulator):
             decision = self.router.route(rr, self.names)
             k = self.names.index(decision.instance)
             assert t.session is not None
-            if self.hints.warm_binds:  # the gateway binds in routing, before admission
+            admitted = self._submit(
+                SimWarm("first_line", self.now, chain, rr, target=i), k, decision
+            )
+            if self.hints.warm_binds and admitted:  # the gateway binds admitted warms only
                 self._bound[t.session] = k
-            self._submit(SimWarm("first_line", self.now, chain, rr, target=i), k, decision)
 
         return send
 

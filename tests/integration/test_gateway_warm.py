@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import openai
@@ -37,6 +38,17 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         },
     ).start()
     yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def busy_pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Fleet]:
+    """Two engines at 20x real time with session bindings in a real Redis (a pool of its
+    own), as replicas share them: bindings apply only where there is a choice."""
+    state = {"backend": "redis", "redis_url": redis_url, "pool": f"warm-{uuid4().hex}"}
+    settings = {"warm": {"max_real_in_flight": 1}, "state": state}
+    f = Fleet(tmp_path_factory.mktemp("gw-warm-pair"), 2, time_scale=20.0, settings=settings)
+    yield f.start()
     f.stop()
 
 
@@ -194,11 +206,11 @@ def test_priority_and_deadline_through_the_sdk(client: httpx.Client) -> None:
 class Streaming:
     """A real streamed request held open on the slow engine (it is in flight until closed)."""
 
-    def __init__(self, fleet: Fleet, **headers: str) -> None:
+    def __init__(self, fleet: Fleet, tag: str = "busy", **headers: str) -> None:
         self.client = httpx.Client(base_url=fleet.base, timeout=120)
         body = {
             "model": MODEL,
-            "messages": lore("busy", 4),
+            "messages": lore(tag, 4),
             "max_tokens": 2000,
             "ignore_eos": True,  # the simulated engine's (and vLLM's): all 2000 tokens
             "stream": True,
@@ -272,3 +284,31 @@ def test_a_warm_yields_to_a_real_request(slow: Fleet) -> None:
     assert r.json()["error"]["code"] == "warm_deferred"
     assert "real request" in r.json()["error"]["message"]
     assert slow.admin("stats")["warm"]["by_source"]["engine"]["yielded"] >= 1
+
+
+def test_a_refused_warm_binds_no_session(busy_pair: Fleet) -> None:
+    """A warm refused because its instance is busy leaves the session unbound: bound, the
+    player's line would follow it to the busy instance (every warm of a raid sees the same
+    loads, and their sessions would herd)."""
+    held = [Streaming(busy_pair, tag=f"busy-{i}") for i in range(2)]
+    try:
+        wait_until(
+            lambda: all(i["in_flight"] >= 1 for i in busy_pair.admin("instances")["instances"]),
+            what="a real request in flight on both instances",
+        )
+        with httpx.Client(base_url=busy_pair.base, timeout=120) as c:
+            body = {"model": MODEL, "messages": lore("fay"), "user": "fay"}
+            r = c.post("/v1/warm", json=body)
+            assert r.status_code == 429, r.text
+            where = c.get("/admin/sessions/fay").json()
+            assert (where.get("binding") or {}).get("bound_instance") is None, where
+    finally:
+        for h in held:
+            h.close()
+    with httpx.Client(base_url=busy_pair.base, timeout=120) as c:
+        wait_until(
+            lambda: c.post("/v1/warm", json=body).status_code == 200, what="a warm once quiet"
+        )
+        answer = c.post("/v1/warm", json=body).json()  # held now: where the first one ran
+        bound = c.get("/admin/sessions/fay").json()["binding"]["bound_instance"]
+        assert bound == answer["instance"]  # a warm that ran binds its session
