@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,20 +14,39 @@ from tests.support.vllm import VllmFleets
 from tests.support.vllm_fleets import FleetSlot
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there when it is
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n 2` (`make pytest`): a unit of work per module, the real-engine modules one
+    (tests/support/xdist_scopes.py)."""
+    from tests.support.xdist_scopes import ModuleScopes
+
+    return ModuleScopes(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules marked `fleet(kind)` run after the rest, grouped by kind in the order the kinds
+    """Modules marked `fleet(kind)` run together, grouped by kind in the order the kinds
     first appear: the session's one fleet slot then starts each kind of real-engine fleet once
     (alphabetically, test_vllm_priority fell between two modules of the plain kind, which
-    restarted the plain fleet: ~25 s)."""
+    restarted the plain fleet: ~25 s). Without xdist they run after the rest. Under xdist
+    every real-engine module (`fleet` or `engines`) runs first, on one worker: its engines
+    start while the other worker runs the simulated-engine modules, instead of after them;
+    the ones without a fleet (they start engines of their own) go before the fleets, which
+    they would otherwise stop."""
 
     def kind(item: pytest.Item) -> str | None:
         mark = item.get_closest_marker("fleet")
         return None if mark is None else str(mark.args[0])
 
+    def real_engines(item: pytest.Item) -> bool:
+        return kind(item) is not None or item.get_closest_marker("engines") is not None
+
     order: dict[str | None, int] = {None: 0}
     for item in items:
         order.setdefault(kind(item), len(order))
-    items.sort(key=lambda item: order[kind(item)])  # stable: the order within a kind stays
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=lambda item: (not real_engines(item), order[kind(item)]))
+    else:
+        items.sort(key=lambda item: order[kind(item)])  # stable: the order within a kind stays
 
 
 @pytest.fixture

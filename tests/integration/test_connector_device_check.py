@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.engines import engine_python_or_skip
+
+pytestmark = pytest.mark.engines  # its engine python runs in the real engines' worker
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = {"cpu", "flash_attn", "flashinfer", "nhd_view"}

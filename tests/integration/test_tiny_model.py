@@ -7,8 +7,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gateway.launch.models import ensure_tiny_model
 from tests.support.engines import engine_python_or_skip
+
+pytestmark = pytest.mark.engines  # its engine python runs in the real engines' worker
 
 
 def _digests(path: Path) -> dict[str, str]:

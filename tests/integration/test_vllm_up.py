@@ -15,7 +15,7 @@ from gateway.launch.process import descendants_of
 from tests.support.procs import ManagedProcess, free_port
 from tests.support.vllm import SERVED_MODEL, VllmFleets
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
 
 
 def _alive(pid: int) -> bool:
