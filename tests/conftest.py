@@ -16,7 +16,7 @@ from tests.support.vllm_fleets import FleetSlot
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there when it is
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `-n 2` (`make pytest`): a unit of work per module, the real-engine modules one
+    """Under `pytest -n 2`: a unit of work per module, the real-engine modules one
     (tests/support/xdist_scopes.py)."""
     from tests.support.xdist_scopes import ModuleScopes
 

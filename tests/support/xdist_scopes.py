@@ -1,4 +1,4 @@
-"""How `make pytest` splits the suite over its two xdist workers (tests/conftest.py).
+"""How `pytest -n 2` splits the suite over two xdist workers (tests/conftest.py).
 
 Every module is one unit of work (its module-scoped fixtures start once), and every module
 that runs real vLLM engines is one unit together, on one worker: the machine holds two
