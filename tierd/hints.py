@@ -7,8 +7,11 @@ hinted block that the engine asks tierd for, the first time it does: was it in t
 host memory (L1) by then (``on_time``) or still elsewhere — the array, a snapshot, or being
 read (``late``)? Blocks the engine never asks for (its own cache had them) are not counted,
 nor is an ask more than `ttl_s` after the hint (a later turn's, not this hint's). A hint
-that arrives after the engine already asked for its blocks (the gateway sends it beside the
-request, not before it) is ``late`` for those blocks.
+that arrives within `race_s` after the engine already asked for its blocks (the gateway
+sends it beside the request, not before it) is ``late`` for those blocks. Only the first ask
+of a request counts: vLLM asks again each time it retries a waiting request, and such a
+re-ask (the connector names the request) is neither a new ask nor, for the next turn's hint,
+an ask that came first.
 The on-time share is ``on_time / (on_time + late)``; `bench compare --tiers` reports it.
 Why a block was late shows in the other counters: ``evicted_before_ask`` (it was in host
 memory and L1 evicted it while its ask was still to come), ``late_absent_at_hint`` (no tier
@@ -27,6 +30,9 @@ from typing import Any
 
 DEFAULT_CAPACITY = 1 << 17  # hinted blocks remembered (oldest forgotten first)
 DEFAULT_TTL_S = 30.0  # a hint answers for the engine's asks this long
+# An unhinted ask this recent is the hinted request's own (the hint raced it); an older one
+# was another request's (a turn routed without a hint), and the hint waits for a new ask.
+DEFAULT_RACE_S = 2.0
 
 
 class HintLedger:
@@ -37,12 +43,15 @@ class HintLedger:
         capacity: int = DEFAULT_CAPACITY,
         ttl_s: float = DEFAULT_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        race_s: float = DEFAULT_RACE_S,
     ) -> None:
         self.capacity = capacity
         self.ttl_s = ttl_s
+        self.race_s = race_s
         self._clock = clock
         self._pending: OrderedDict[int, float] = OrderedDict()  # hash -> when hinted
         self._asked: OrderedDict[int, float] = OrderedDict()  # hash -> when asked, unhinted
+        self._asker: OrderedDict[int, str] = OrderedDict()  # hash -> the request that last asked
         self._absent: set[int] = set()  # pending hints no tier held when they came
         self.counters: Counter[str] = Counter()
 
@@ -50,7 +59,7 @@ class HintLedger:
         now = self._clock()
         for h in hashes:
             asked = self._asked.pop(h, None)
-            if asked is not None and now - asked <= self.ttl_s:
+            if asked is not None and now - asked <= self.race_s:
                 self.counters["hinted_blocks"] += 1
                 self.counters["late"] += 1  # the engine asked before the hint came
                 self.counters["late_hint_after_ask"] += 1
@@ -78,10 +87,19 @@ class HintLedger:
         """L1 freed these: count those whose ask is still to come (they will be late)."""
         self.counters["evicted_before_ask"] += sum(1 for h in hashes if self.awaiting(h))
 
-    def asked(self, hashes: Iterable[int], in_host: Callable[[int], bool]) -> None:
-        """The engine asks for `hashes` (tierd holds them in some tier)."""
+    def asked(
+        self, hashes: Iterable[int], in_host: Callable[[int], bool], request: str | None = None
+    ) -> None:
+        """The engine asks for `hashes` (tierd holds them in some tier), for `request` when
+        the connector names it (then its retries are not asks of their own)."""
         now = self._clock()
         for h in hashes:
+            if request is not None:
+                if self._asker.get(h) == request:
+                    self.counters["reasked"] += 1  # vLLM retried the waiting request
+                    continue
+                self._asker[h] = request
+                self._asker.move_to_end(h)
             at = self._pending.pop(h, None)
             if at is None:
                 self._asked[h] = now
@@ -96,8 +114,9 @@ class HintLedger:
             else:
                 self.counters["late"] += 1
                 self.counters["late_absent_at_hint"] += absent
-        while len(self._asked) > self.capacity:
-            self._asked.popitem(last=False)
+        for remembered in (self._asked, self._asker):
+            while len(remembered) > self.capacity:
+                remembered.popitem(last=False)
 
     def stats(self) -> dict[str, Any]:
         asked = self.counters["on_time"] + self.counters["late"]

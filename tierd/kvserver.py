@@ -156,7 +156,10 @@ class KvServer:
         if op == "hello":
             return self._hello(conn, msg)
         if op == "lookup":
-            return await self._lookup([int(h) for h in msg["hashes"]])
+            req = msg.get("req")
+            return await self._lookup(
+                [int(h) for h in msg["hashes"]], None if req is None else str(req)
+            )
         if op == "load":
             return await self._load(conn, [int(h) for h in msg["hashes"]])
         if op == "release":
@@ -206,11 +209,11 @@ class KvServer:
             }
         return {"ok": True, "namespace": ns}
 
-    async def _lookup(self, hashes: list[int]) -> dict[str, Any]:
+    async def _lookup(self, hashes: list[int], request: str | None) -> dict[str, Any]:
         found = await self.store.lookup(hashes)
         n = int(found["available"])
         if self.hints is not None:  # before the reads below: was the prefetch on time?
-            self.hints.asked(hashes[:n], lambda h: self.store.l1.entry(h) is not None)
+            self.hints.asked(hashes[:n], lambda h: self.store.l1.entry(h) is not None, request)
         self.counters["lookup_blocks"] += len(hashes)
         self.counters["lookup_hit_blocks"] += n
         if n and found["counts"][ev.GPU] < n:  # start the reads now: the load joins them

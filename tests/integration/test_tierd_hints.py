@@ -36,6 +36,34 @@ def test_a_hint_that_comes_after_the_engine_asked_is_late() -> None:
     assert stats["prefetch_hinted_blocks"] == 3
 
 
+def test_retries_of_a_waiting_request_are_not_asks_before_the_next_hint() -> None:
+    now = [100.0]
+    ledger = HintLedger(clock=lambda: now[0])
+    ledger.hinted([1, 2])
+    ledger.asked([1, 2], in_host=lambda h: True, request="turn-1")
+    now[0] += 0.6
+    ledger.asked([1, 2], in_host=lambda h: True, request="turn-1")  # vLLM retried it
+    now[0] += 0.5
+    ledger.hinted([1, 2, 3])  # the next turn's hint: its blocks are not yet asked for
+    ledger.asked([1, 2, 3], in_host=lambda h: h != 3, request="turn-2")
+    stats = ledger.stats()
+    assert stats["prefetch_reasked"] == 2 and stats.get("prefetch_late_hint_after_ask", 0) == 0
+    assert (stats["prefetch_on_time"], stats["prefetch_late"]) == (4, 1)
+
+
+def test_only_an_ask_just_before_the_hint_raced_it() -> None:
+    now = [100.0]
+    ledger = HintLedger(race_s=2.0, clock=lambda: now[0])
+    ledger.asked([1], in_host=lambda h: True, request="unhinted")  # another request's ask
+    now[0] += 5.0
+    ledger.asked([2], in_host=lambda h: True, request="raced")
+    now[0] += 0.01
+    ledger.hinted([1, 2])  # 2 raced its ask; 1 awaits an ask of its own
+    assert ledger.stats()["prefetch_late_hint_after_ask"] == 1
+    ledger.asked([1], in_host=lambda h: True, request="hinted")
+    assert ledger.stats()["prefetch_on_time"] == 1
+
+
 def test_an_eviction_before_the_ask_is_counted_for_blocks_still_awaited() -> None:
     now = [100.0]
     ledger = HintLedger(ttl_s=30.0, clock=lambda: now[0])

@@ -171,11 +171,11 @@ class TierdConnector(KVConnectorBase_V1):
             return known.blocks * self.block_size, self.async_load and known.blocks > 0
         if self._lookup_pool is None:
             asked_ns = now_ns()
-            n, tiers = self._lookup(keys[start:stop])
+            n, tiers = self._lookup(keys[start:stop], rid)
         else:  # off the scheduler loop: vLLM asks again next step while we return None
             pending = self._lookups.get(rid)
             if pending is None or pending[0] != window:
-                fut = self._lookup_pool.submit(self._lookup, keys[start:stop])
+                fut = self._lookup_pool.submit(self._lookup, keys[start:stop], rid)
                 self._lookups[rid] = (window, now_ns(), fut)
                 self.counters["lookups_deferred"] += 1
                 return None, False
@@ -200,16 +200,17 @@ class TierdConnector(KVConnectorBase_V1):
         )
         return n * self.block_size, self.async_load and n > 0
 
-    def _lookup(self, hashes: list[int]) -> tuple[int, dict[str, int]]:
+    def _lookup(self, hashes: list[int], request_id: str) -> tuple[int, dict[str, int]]:
         """One round trip: the leading run tierd holds and its split by tier ((0, {}) when
-        tierd cannot answer: the engine computes)."""
+        tierd cannot answer: the engine computes). The request's id lets tierd tell vLLM's
+        retries of a waiting request from new asks."""
         with self._lookup_lock:
             if self.link.get() is None:
                 self.counters["lookup_unavailable"] += 1
                 return 0, {}
             t0 = time.perf_counter()
             try:
-                _, answer = self.link.call({"op": "lookup", "hashes": hashes})
+                _, answer = self.link.call({"op": "lookup", "hashes": hashes, "req": request_id})
             except KvSocketError:
                 self.counters["lookup_errors"] += 1
                 return 0, {}
