@@ -142,7 +142,9 @@ async def arm_run(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    spec = RealFleetSpec(instances=1, scheduling_policy="priority")
+    step = args.max_num_batched_tokens
+    engine_args = ("--max-num-batched-tokens", str(step)) if step else ()
+    spec = RealFleetSpec(instances=1, scheduling_policy="priority", engine_args=engine_args)
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
         assert gw is not None
@@ -171,7 +173,8 @@ def render(res: dict[str, Any]) -> str:
         f"{res['capacity_per_s']} completions/s; interactive {a['interactive_rate']}/s for "
         f"{a['seconds']} s an arm, background at {a['background_factor']}x capacity; prompts "
         f"of {a['words']} random words, replies {a['interactive_tokens']} / "
-        f"{a['background_tokens']} tokens; arms rotated each repeat.",
+        f"{a['background_tokens']} tokens; arms rotated each repeat; vLLM's "
+        f"--max-num-batched-tokens {a.get('max_num_batched_tokens') or 'default'}.",
         "",
         "| repeat | arm | interactive ok / sent | p50 s | p99 s | p99 / alone's | "
         "background ok / shed / sent | background p50 s |",
@@ -203,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interactive-tokens", type=int, default=8)
     p.add_argument("--background-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="vLLM's token budget a step (default: the engine's): a smaller one shortens the "
+        "step an interactive line that arrives mid-prefill waits for",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if min(args.seconds, args.interactive_rate, args.background_factor, args.repeats) <= 0:

@@ -60,6 +60,8 @@ class RealFleetSpec:
     # the engines' own spans (vLLM's, tierd's connector's): (url, protocol) as
     # FleetConfig.otlp_traces; `bench compare --breakdown`
     otlp_traces: tuple[str, str] | None = None
+    # more vLLM flags for every engine (bench.priority_real's --max-num-batched-tokens)
+    engine_args: tuple[str, ...] = ()
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -87,7 +89,7 @@ class RealFleet:
             max_model_len=(spec.num_gpu_blocks - 1) * (spec.block_size or 128)
             if spec.num_gpu_blocks else None,
             start_timeout_s=spec.start_timeout_s, scheduling_policy=spec.scheduling_policy,
-            otlp_traces=spec.otlp_traces,
+            otlp_traces=spec.otlp_traces, extra_args=spec.engine_args,
             # spans exported twice a second, not every 5 s: the run's are in before it ends
             extra_env={"OTEL_BSP_SCHEDULE_DELAY": "500"} if spec.otlp_traces else {},
         )  # fmt: skip

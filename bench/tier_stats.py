@@ -13,7 +13,8 @@ the totals are that replay's (plus one warm-up request per engine). Figures:
 - lookups and the connector's lookup round trip inside the engines (p50, the worst engine's);
 - why hinted blocks were late: ``prefetch_evicted_before_ask`` (in host memory, then evicted
   before the engine asked), ``prefetch_late_absent_at_hint`` (in no tier when hinted),
-  ``prefetch_late_hint_after_ask`` (the engine asked before the hint came), the
+  ``prefetch_late_hint_after_ask`` (the engine asked before the hint came; vLLM's retries
+  of a waiting request, ``prefetch_reasked``, are not asks of their own), the
   prefetches' own outcomes (``prefetch_outcomes``: hit, on_time, late, abandoned at the
   hint's deadline, miss) and L1's evictions.
 """
@@ -41,6 +42,7 @@ TIERS_NOTE = (
 HINTS = (
     "prefetch_hinted_blocks", "prefetch_on_time", "prefetch_late", "prefetch_evicted_before_ask",
     "prefetch_hint_expired", "prefetch_late_absent_at_hint", "prefetch_late_hint_after_ask",
+    "prefetch_reasked",
 )  # fmt: skip
 OUTCOMES = ("requests", "hit", "on_time", "late", "abandoned", "miss")
 
