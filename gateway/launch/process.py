@@ -34,7 +34,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -120,9 +120,19 @@ class ProcessTree:
         *,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        cpus: Collection[int] | None = None,
     ) -> ProcessTree:
-        """Start `argv` (env: the complete environment; None inherits ours)."""
+        """Start `argv` (env: the complete environment; None inherits ours). `cpus`: the
+        CPUs the child may run on, set before it starts, so everything it forks inherits
+        them (None: ours)."""
         log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        allowed = frozenset(cpus) if cpus is not None else None
+
+        def prepare() -> None:  # only system calls; no lock a thread could hold
+            _die_with_parent()
+            if allowed is not None:
+                os.sched_setaffinity(0, allowed)
+
         proc = subprocess.Popen(
             list(argv),
             stdout=log,
@@ -130,7 +140,7 @@ class ProcessTree:
             stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None,
             cwd=cwd,
-            preexec_fn=_die_with_parent,  # only sets flags; no lock a thread could hold
+            preexec_fn=prepare,
         )
         return cls(name, proc, log_path, log)
 

@@ -85,6 +85,10 @@ class FleetConfig:
     host: str = "127.0.0.1"
     ports: Sequence[int] = ()  # one per engine; empty: free ports
     cores: Sequence[int] = ()  # one per engine; empty: engine i on core i mod cpu_count
+    # every process of engine i on its core, not only the worker's compute thread: vLLM's
+    # EngineCore busy-polls (sched_yield) for the worker's answers, and unpinned it took
+    # the other core from everything beside it (REAL_ENGINES.md §CPU pinning)
+    pin_tree: bool = False
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None  # PYTHONHASHSEED for the engines; None: unset
     block_size: int | None = None  # None: the engine's default (128 on CPU)
@@ -219,7 +223,10 @@ class VllmEngine:
         self.starts += 1
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts}: {' '.join(self.argv())}\n".encode())
-        self.tree = ProcessTree.start(self.id, self.argv(), self.log_path, env=self.env())
+        cpus = {self.core} if self.cfg.pin_tree else None
+        self.tree = ProcessTree.start(
+            self.id, self.argv(), self.log_path, env=self.env(), cpus=cpus
+        )
 
     def alive(self) -> bool:
         return self.tree is not None and self.tree.alive()

@@ -23,7 +23,7 @@ FAST, SLOW = 0.02, 1.0  # wall seconds per modelled second: the slow engine is 5
 def cold_chat() -> dict[str, Any]:
     return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "A stranger asks for the road. " * 200}],
+        "messages": [{"role": "user", "content": "A stranger asks for the road. " * 800}],
         "max_tokens": 4,
     }
 

@@ -46,6 +46,7 @@ def fleet(session_fleets: FleetSlot, otlp_receiver: Receiver) -> TieredFleet:
                     run_dir=run_dir,
                     served_model_name=MODEL,
                     python=python,
+                    pin_tree=True,  # as the other test fleets (tests/support/vllm.py)
                     # vLLM's tracing on: its spans and the connector's reach the receiver
                     otlp_traces=(f"{otlp_receiver.url}/v1/traces", "http/protobuf"),
                     extra_env={"OTEL_BSP_SCHEDULE_DELAY": "100"},

@@ -105,3 +105,28 @@ def test_a_child_dies_with_its_supervisor(tmp_path: Path) -> None:
     outer.kill_leader(signal.SIGKILL)
     assert _wait_for(lambda: not _alive(child)), outer.tail()
     outer.stop()
+
+
+def test_cpus_pin_the_leader_and_everything_it_forks(tmp_path: Path) -> None:
+    # the last CPU we may use: never the whole set, on a machine of two or more
+    mine = sorted(os.sched_getaffinity(0))
+    pinned = {mine[-1]}
+    tree = ProcessTree.start(
+        "tree", [sys.executable, "-c", TREE, "0"], tmp_path / "t.log", cpus=pinned
+    )
+    try:
+        assert _wait_for(lambda: len(descendants_of(tree.pid)) == 2)
+        for pid in [tree.pid, *tree.descendants()]:
+            assert os.sched_getaffinity(pid) == pinned, pid
+        assert os.sched_getaffinity(0) == set(mine)  # ours is untouched
+    finally:
+        tree.stop(timeout_s=5)
+
+
+def test_without_cpus_the_tree_runs_where_we_may(tmp_path: Path) -> None:
+    tree = ProcessTree.start("tree", [sys.executable, "-c", TREE, "0"], tmp_path / "t.log")
+    try:
+        assert _wait_for(lambda: len(descendants_of(tree.pid)) == 2)
+        assert os.sched_getaffinity(tree.pid) == os.sched_getaffinity(0)
+    finally:
+        tree.stop(timeout_s=5)
