@@ -31,8 +31,9 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
+# both cores: tests/conftest.py keeps the real-engine modules on one worker (docs/HACKING.md)
 pytest: $(VENV)/.installed
-	REDIS_URL=$(REDIS_URL) $(VENV)/bin/pytest -q -p no:cacheprovider --durations=15
+	REDIS_URL=$(REDIS_URL) $(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 -n 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info tierd/native/*.so router/*.so

@@ -233,6 +233,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             num_gpu_blocks=args.engine_kv_blocks,
             tier_load=args.tier_load,
             tier_lookup=args.tier_lookup,
+            pin_engines=args.pin_engines,
             otlp_traces=sink.engine_traces() if sink is not None else None,
         )
         if args.engines == "vllm"
@@ -264,6 +265,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "tiers": args.tiers,
             "tier_load": args.tier_load,
             "tier_lookup": args.tier_lookup,
+            "pin_engines": args.pin_engines,
             "repeats": args.repeats,
             "rotate_offset": args.rotate_offset,
             "breakdown": args.breakdown,

@@ -112,6 +112,12 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
             help=f"with --tiers: the KV connector's {mode} mode (tierd.connector)",
         )  # fmt: skip
     p.add_argument(
+        "--pin-engines", action="store_true",
+        help="vllm: every process of an engine on its core (FleetConfig.pin_tree), not only "
+        "its compute thread; unpinned, vLLM's busy-polling EngineCore takes CPU from the "
+        "gateways beside it (docs/REAL_ENGINES.md)",
+    )  # fmt: skip
+    p.add_argument(
         "--breakdown", action="store_true",
         help="where the slowest 5%% of TTFTs went (bench.tail_breakdown): every request traced "
         "(a traceparent each), warmgate's gateway and the engines (vllm: vLLM's and tierd's "

@@ -62,6 +62,8 @@ class RealFleetSpec:
     otlp_traces: tuple[str, str] | None = None
     # more vLLM flags for every engine (bench.priority_real's --max-num-batched-tokens)
     engine_args: tuple[str, ...] = ()
+    # every process of an engine on its core (FleetConfig.pin_tree); `bench compare --pin-engines`
+    pin_engines: bool = False
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -90,6 +92,7 @@ class RealFleet:
             if spec.num_gpu_blocks else None,
             start_timeout_s=spec.start_timeout_s, scheduling_policy=spec.scheduling_policy,
             otlp_traces=spec.otlp_traces, extra_args=spec.engine_args,
+            pin_tree=spec.pin_engines,
             # spans exported twice a second, not every 5 s: the run's are in before it ends
             extra_env={"OTEL_BSP_SCHEDULE_DELAY": "500"} if spec.otlp_traces else {},
         )  # fmt: skip
