@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import compare_args, compare_repeats, plots
 from bench.claims import run_claims
-from bench.compare_args import game_server
+from bench.compare_args import PINNING, game_server
 from bench.engine_metrics import MetricsPoller
 from bench.game_figures import game_figures, game_markdown
 from bench.overhead import measure_overhead
@@ -54,6 +54,7 @@ from bench.tail_breakdown import BreakdownSink, breakdown
 from bench.tail_breakdown import markdown as breakdown_markdown
 from bench.tier_stats import tier_figures
 from bench.workloads import SCALES, game_items, sidecar_items, trace_items
+from gateway.launch.vllm_fleet import needs_pinning
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -226,6 +227,9 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
     sink = BreakdownSink() if args.breakdown else None
+    pinned = PINNING[args.pin_engines]
+    if pinned is None:
+        pinned = needs_pinning(args.instances, os.cpu_count() or 1)
     spec: FleetSpec | RealFleetSpec = (
         RealFleetSpec(
             instances=args.instances,
@@ -233,7 +237,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             num_gpu_blocks=args.engine_kv_blocks,
             tier_load=args.tier_load,
             tier_lookup=args.tier_lookup,
-            pin_engines=args.pin_engines,
+            pin_engines=pinned,
             otlp_traces=sink.engine_traces() if sink is not None else None,
         )
         if args.engines == "vllm"
@@ -266,6 +270,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "tier_load": args.tier_load,
             "tier_lookup": args.tier_lookup,
             "pin_engines": args.pin_engines,
+            "engines_pinned": pinned if args.engines == "vllm" else None,
             "repeats": args.repeats,
             "rotate_offset": args.rotate_offset,
             "breakdown": args.breakdown,

@@ -13,6 +13,8 @@ from bench.workloads import SCALES, scale_defaults
 
 OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
 OVERHEAD_GATEWAYS = ("warmgate-ttft", "smg", "litellm")
+# --pin-engines: FleetConfig.pin_tree
+PINNING: dict[str, bool | None] = {"on": True, "off": False, "auto": None}
 # --engines vllm: what changes by default (explicit flags win)
 VLLM_DEFAULTS = {
     "players": 16,
@@ -112,10 +114,11 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
             help=f"with --tiers: the KV connector's {mode} mode (tierd.connector)",
         )  # fmt: skip
     p.add_argument(
-        "--pin-engines", action="store_true",
+        "--pin-engines", choices=tuple(PINNING), default="auto",
         help="vllm: every process of an engine on its core (FleetConfig.pin_tree), not only "
         "its compute thread; unpinned, vLLM's busy-polling EngineCore takes CPU from the "
-        "gateways beside it (docs/REAL_ENGINES.md)",
+        "gateways beside it (docs/REAL_ENGINES.md); auto: pinned on a machine with fewer "
+        "than 2 cores an engine plus one",
     )  # fmt: skip
     p.add_argument(
         "--breakdown", action="store_true",

@@ -57,7 +57,11 @@ WARMGATE_POLICIES = {
     # warmgate ttft with the game server's hints sent (GAME_SERVER_RUNS): beside
     # warmgate-ttft in one comparison, the hints' effect on the same lines
     "warmgate-ttft-game": "ttft",
+    # with --tiers: ttft + tierd whose connector loads and looks up asynchronously whatever
+    # --tier-load / --tier-lookup say (ASYNC_TIER_RUNS): both modes in one rotated comparison
+    "warmgate-ttft-async": "ttft",
 }
+ASYNC_TIER_RUNS = frozenset({"warmgate-ttft-async"})
 # the runs whose replay sends what a game server knows ahead: POST /v1/warm before each
 # dialogue's first line, each line's priority class (bench.replay's warms, send_priority)
 GAME_SERVER_RUNS = frozenset({"warmgate-ttft-game"})

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.peers import WARMGATE_POLICIES, gateway_in_front
+from bench.peers import ASYNC_TIER_RUNS, WARMGATE_POLICIES, gateway_in_front
 from gateway.launch.models import ensure_tiny_model
 from gateway.launch.tiered import TieredConfig, TieredFleet
 from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
@@ -62,8 +62,9 @@ class RealFleetSpec:
     otlp_traces: tuple[str, str] | None = None
     # more vLLM flags for every engine (bench.priority_real's --max-num-batched-tokens)
     engine_args: tuple[str, ...] = ()
-    # every process of an engine on its core (FleetConfig.pin_tree); `bench compare --pin-engines`
-    pin_engines: bool = False
+    # every process of an engine on its core (FleetConfig.pin_tree; None: where the machine
+    # has no core to spare); `bench compare --pin-engines on|off|auto`
+    pin_engines: bool | None = None
 
 
 def engine_block_size(metrics_text: str) -> int | None:
@@ -200,11 +201,10 @@ async def real_fleet_with_gateway(
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
     # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
     tiered = spec.tiers and gateway in WARMGATE_POLICIES and not gateway.endswith("-bare")
+    modes = ("async", "async") if gateway in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
     # may build the model once
     fleet = await asyncio.to_thread(
-        lambda: RealFleet(
-            spec, workdir, tiered=tiered, load=spec.tier_load, lookup=spec.tier_lookup
-        )
+        lambda: RealFleet(spec, workdir, tiered=tiered, load=modes[0], lookup=modes[1])
     )
     async with gateway_in_front(fleet, gateway, workdir, keep_logs, warmgate_env) as pair:
         yield pair

@@ -87,8 +87,9 @@ class FleetConfig:
     cores: Sequence[int] = ()  # one per engine; empty: engine i on core i mod cpu_count
     # every process of engine i on its core, not only the worker's compute thread: vLLM's
     # EngineCore busy-polls (sched_yield) for the worker's answers, and unpinned it took
-    # the other core from everything beside it (REAL_ENGINES.md §CPU pinning)
-    pin_tree: bool = False
+    # a core from everything beside it (REAL_ENGINES.md, "the EngineCore busy-polls").
+    # None: pinned where the machine has no core to spare for that, `needs_pinning`
+    pin_tree: bool | None = None
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None  # PYTHONHASHSEED for the engines; None: unset
     block_size: int | None = None  # None: the engine's default (128 on CPU)
@@ -112,6 +113,18 @@ class FleetConfig:
     @property
     def effective_hash_seed(self) -> str | None:
         return hash_seed_of(self.hash_algo, self.hash_seed)
+
+    def pins(self, cpu_count: int) -> bool:
+        """Whether each engine's processes go on its core (`pin_tree`, or the machine's need)."""
+        if self.pin_tree is not None:
+            return self.pin_tree
+        return needs_pinning(self.engines, cpu_count)
+
+
+def needs_pinning(engines: int, cpu_count: int) -> bool:
+    """Whether engines' trees go on their cores: each engine, unpinned, keeps two cores
+    busy (its compute core and its EngineCore's poll), and the gateway wants one more."""
+    return cpu_count < 2 * engines + 1
 
 
 def _ready(client: httpx.Client, url: str) -> str | None:
@@ -223,7 +236,7 @@ class VllmEngine:
         self.starts += 1
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts}: {' '.join(self.argv())}\n".encode())
-        cpus = {self.core} if self.cfg.pin_tree else None
+        cpus = {self.core} if self.cfg.pins(os.cpu_count() or 1) else None
         self.tree = ProcessTree.start(
             self.id, self.argv(), self.log_path, env=self.env(), cpus=cpus
         )

@@ -60,9 +60,9 @@ class VllmFleets:
             "max_model_len": 4096,
             # 48 blocks of 128 tokens: tests see evictions (BlockRemoved) after a few prompts
             "num_gpu_blocks": 48,
-            # each engine's processes on its own core: unpinned, a streaming engine's
-            # busy-polling EngineCore starved the gateway and the test beside it for
-            # seconds (a 10 s header timeout fired once in CI)
+            # each engine's processes on its own core, whatever the machine: unpinned, a
+            # streaming engine's busy-polling EngineCore starved the gateway and the test
+            # beside it for seconds (a 10 s header timeout fired once in CI)
             "pin_tree": True,
         }
 
