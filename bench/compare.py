@@ -54,7 +54,7 @@ from bench.tail_breakdown import BreakdownSink, breakdown
 from bench.tail_breakdown import markdown as breakdown_markdown
 from bench.tier_stats import tier_figures
 from bench.workloads import SCALES, game_items, sidecar_items, trace_items
-from gateway.launch.vllm_fleet import needs_pinning
+from gateway.launch.vllm_fleet import pinned
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -227,9 +227,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         tier_block_chars=args.tier_block_chars,
     )  # fmt: skip
     sink = BreakdownSink() if args.breakdown else None
-    pinned = PINNING[args.pin_engines]
-    if pinned is None:
-        pinned = needs_pinning(args.instances, os.cpu_count() or 1)
+    engines_pinned = pinned(PINNING[args.pin_engines], args.instances, os.cpu_count() or 1)
     spec: FleetSpec | RealFleetSpec = (
         RealFleetSpec(
             instances=args.instances,
@@ -237,7 +235,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             num_gpu_blocks=args.engine_kv_blocks,
             tier_load=args.tier_load,
             tier_lookup=args.tier_lookup,
-            pin_engines=pinned,
+            pin_engines=engines_pinned,
             otlp_traces=sink.engine_traces() if sink is not None else None,
         )
         if args.engines == "vllm"
@@ -270,7 +268,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "tier_load": args.tier_load,
             "tier_lookup": args.tier_lookup,
             "pin_engines": args.pin_engines,
-            "engines_pinned": pinned if args.engines == "vllm" else None,
+            "engines_pinned": engines_pinned if args.engines == "vllm" else None,
             "repeats": args.repeats,
             "rotate_offset": args.rotate_offset,
             "breakdown": args.breakdown,

@@ -201,10 +201,12 @@ async def real_fleet_with_gateway(
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
     # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
     tiered = spec.tiers and gateway in WARMGATE_POLICIES and not gateway.endswith("-bare")
-    modes = ("async", "async") if gateway in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
+    load, lookup = (
+        ("async", "async") if gateway in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
+    )
     # may build the model once
     fleet = await asyncio.to_thread(
-        lambda: RealFleet(spec, workdir, tiered=tiered, load=modes[0], lookup=modes[1])
+        lambda: RealFleet(spec, workdir, tiered=tiered, load=load, lookup=lookup)
     )
     async with gateway_in_front(fleet, gateway, workdir, keep_logs, warmgate_env) as pair:
         yield pair

@@ -118,15 +118,18 @@ class FleetConfig:
 
     def pins(self, cpu_count: int) -> bool:
         """Whether each engine's processes go on its core (`pin_tree`, or the machine's need)."""
-        if self.pin_tree is not None:
-            return self.pin_tree
-        return needs_pinning(self.engines, cpu_count)
+        return pinned(self.pin_tree, self.engines, cpu_count)
 
 
 def needs_pinning(engines: int, cpu_count: int) -> bool:
     """Whether engines' trees go on their cores: each engine, unpinned, keeps two cores
     busy (its compute core and its EngineCore's poll), and the gateway wants one more."""
     return cpu_count < 2 * engines + 1
+
+
+def pinned(setting: bool | None, engines: int, cpu_count: int) -> bool:
+    """`FleetConfig.pin_tree`'s rule: the setting where given, else the machine's need."""
+    return setting if setting is not None else needs_pinning(engines, cpu_count)
 
 
 def _ready(client: httpx.Client, url: str) -> str | None:
