@@ -27,10 +27,13 @@ import itertools
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-Encode = Callable[[str], list[int]]
+# what a kept piece costs beyond its ids, counted in tokens against the bound: its key, array
+# and dict entry weigh about as much as 16 ids' worth of text and array, so many tiny pieces
+# (a prompt full of added tokens) cannot hold far more memory than the bound suggests
+PIECE_OVERHEAD_TOKENS = 16
 
 
 def cut_pattern(added_tokens: Iterable[Mapping[str, Any]]) -> re.Pattern[str] | None:
@@ -70,7 +73,8 @@ def pieces(text: str, pattern: re.Pattern[str]) -> list[str]:
 
 
 class SegmentCache:
-    """Token ids of the pieces of prompts seen before, at most `max_tokens` of them."""
+    """Token ids of the pieces of prompts seen before, at most `max_tokens` of them (each piece
+    counted with `PIECE_OVERHEAD_TOKENS` more)."""
 
     def __init__(self, pattern: re.Pattern[str], max_tokens: int) -> None:
         self.pattern = pattern
@@ -113,14 +117,16 @@ class SegmentCache:
         return out.tolist()
 
     def _keep(self, piece: str, ids: list[int]) -> None:
-        if piece in self._ids or len(ids) > self.max_tokens:
+        cost = len(ids) + PIECE_OVERHEAD_TOKENS
+        if piece in self._ids or cost > self.max_tokens:
             return
         self._ids[piece] = array("i", ids)
-        self._held += len(ids)
+        self._held += cost
         while self._held > self.max_tokens:
             _, old = self._ids.popitem(last=False)
-            self._held -= len(old)
+            self._held -= len(old) + PIECE_OVERHEAD_TOKENS
 
     @property
     def held_tokens(self) -> int:
+        """What the kept pieces count against the bound."""
         return self._held

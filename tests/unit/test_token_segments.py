@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from gateway.pipeline.hf_tokenizer import THREAD_THRESHOLD_CHARS, HfChatTokenizer
-from gateway.pipeline.token_segments import SegmentCache, cut_pattern, pieces
+from gateway.pipeline.token_segments import (
+    PIECE_OVERHEAD_TOKENS,
+    SegmentCache,
+    cut_pattern,
+    pieces,
+)
 from tests.support.hf_tokenizer_dir import build
 
 
@@ -84,25 +89,29 @@ async def test_without_a_cache_the_prompt_is_encoded_whole(directory: Path) -> N
 
 
 def test_the_cache_keeps_to_its_bound_and_a_prompt_over_it_still_encodes() -> None:
-    pattern = re.compile(re.escape("<s>"))
-    cache = SegmentCache(pattern, max_tokens=10)
+    # room for two 4-id pieces ("<s>a": one id a character) with their overhead
+    cache = SegmentCache(re.compile(re.escape("<s>")), max_tokens=2 * (4 + PIECE_OVERHEAD_TOKENS))
 
     def encode(text: str) -> list[int]:
-        return [ord(c) for c in text]  # one id a character: lengths are easy to read
+        return [ord(c) for c in text]
 
     def ids_of(text: str) -> list[int]:
         parts, known, missing = cache.split(text)
         return cache.join(parts, known, {p: encode(p) for p in missing})
 
-    for text in ["<s>abc<s>def", "<s>abc<s>ghi", "<s>abcdefghijklmn<s>x"]:
+    for text in ["<s>a<s>b", "<s>a<s>c", "<s>a<s>b<s>c<s>d", "<s>" + "x" * 40 + "<s>e"]:
         assert ids_of(text) == encode(text)
-        assert cache.held_tokens <= 10
-    assert cache.held_tokens == 10  # "<s>ghi" and "<s>x"; the 17-id piece was never kept
-    # a hit whose piece is evicted between split and join (another request's join) holds
-    parts, known, missing = cache.split("<s>x<s>yz")
-    assert known and missing == ["<s>yz"]
-    ids_of("<s>0123456<s>9")  # evicts "<s>x"
-    assert cache.join(parts, known, {p: encode(p) for p in missing}) == encode("<s>x<s>yz")
+        assert cache.held_tokens <= cache.max_tokens
+    # the 43-id piece is over the bound, never kept; "<s>e" and the last kept piece stay
+    assert cache.held_tokens == 2 * (4 + PIECE_OVERHEAD_TOKENS)
+    _, known, missing = cache.split("<s>d<s>e")
+    assert set(known) == {"<s>d", "<s>e"} and not missing
+    # a hit evicted between its split and its join (another request's join) still joins
+    parts, known, missing = cache.split("<s>e<s>f")
+    assert "<s>e" in known and missing == ["<s>f"]
+    ids_of("<s>g<s>h")  # evicts everything before it
+    assert "<s>e" not in cache.split("<s>e")[1]
+    assert cache.join(parts, known, {p: encode(p) for p in missing}) == encode("<s>e<s>f")
 
 
 def test_pieces_join_back_and_cut_only_before_a_token() -> None:
