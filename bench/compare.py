@@ -44,6 +44,7 @@ from bench.peers import (
     GAME_SERVER_RUNS,
     WARMGATE_POLICIES,
     FleetSpec,
+    base_gateway,
     fleet_with_gateway,
     peer_missing,
 )
@@ -102,7 +103,7 @@ async def run_gateway(
     real = isinstance(spec, RealFleetSpec)
     time_scale = spec.time_scale if isinstance(spec, FleetSpec) else 1.0
     t_start = time.perf_counter()
-    env = sink.gateway_env() if sink is not None else None
+    env = {**(sink.gateway_env() if sink is not None else {}), **args.gateway_env.get(name, {})}
     fleet_cm = (
         real_fleet_with_gateway(spec, name, keep_logs=logs, warmgate_env=env)
         if isinstance(spec, RealFleetSpec)
@@ -118,7 +119,8 @@ async def run_gateway(
         sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
         cpu0 = await asyncio.to_thread(_cpu_times)
         t0 = time.perf_counter()
-        hints = name in GAME_SERVER_RUNS  # the game server's warms and priority classes
+        # the game server's warms and priority classes
+        hints = base_gateway(name) in GAME_SERVER_RUNS
         records = await replay(
             gw.base_url, items, model=fleet.model, compress=args.compress,
             concurrency=args.concurrency, instance_by_url=gw.instance_by_url,
@@ -272,6 +274,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             "repeats": args.repeats,
             "rotate_offset": args.rotate_offset,
             "breakdown": args.breakdown,
+            "gateway_env": args.gateway_env,
         },
         "gateways": {},
         "notes": [],
@@ -375,7 +378,7 @@ def _fold_repeats(
     reps: list[dict[str, Any]] = results["repeat_rows"]
     merged = reps[0] if len(reps) == 1 else compare_repeats.median_rows(reps)
     results["gateways"] = {g: merged[g] for g in gateways if g in merged}
-    ours = [g for g in gateways if g in WARMGATE_POLICIES]
+    ours = [g for g in gateways if base_gateway(g) in WARMGATE_POLICIES]
     results["repeated"] = compare_repeats.summarize_repeats(reps, orders, ours, margin)
 
 

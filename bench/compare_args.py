@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.compare_repeats import DEFAULT_LOAD_MARGIN
-from bench.peers import REPO
+from bench.peers import REPO, VARIANT_MARK, WARMGATE_POLICIES, base_gateway
 from bench.workloads import SCALES, scale_defaults
 
 OURS = ("warmgate-ttft", "warmgate-prefix", "round-robin")
@@ -38,6 +38,24 @@ def seconds_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"not seconds separated by commas: {text!r}") from None
     if any(t < 0 for t in out):
         raise argparse.ArgumentTypeError(f"a time before the start: {text!r}")
+    return out
+
+
+def gateway_env(entries: Sequence[str], gateways: Sequence[str]) -> dict[str, dict[str, str]]:
+    """`--gateway-env NAME:KEY=VALUE` entries as {NAME: {KEY: VALUE}}: settings of warmgate
+    gateway NAME (one of `gateways`; a variant `warmgate-ttft@label` runs warmgate-ttft under
+    its own name), as WARMGATE_ environment variables (gateway.config.env_names)."""
+    out: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        name, _, setting = entry.partition(":")
+        key, eq, value = setting.partition("=")
+        if not (name and eq and key.startswith("WARMGATE_")):
+            raise ValueError(f"--gateway-env {entry!r}: not NAME:WARMGATE_KEY=VALUE")
+        if name not in gateways:
+            raise ValueError(f"--gateway-env {entry!r}: {name} is not in --gateways")
+        if base_gateway(name) not in WARMGATE_POLICIES:
+            raise ValueError(f"--gateway-env {entry!r}: {name} is not one of warmgate's")
+        out.setdefault(name, {})[key] = value
     return out
 
 
@@ -104,6 +122,13 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
     )  # fmt: skip
     p.add_argument("--gateways", default=",".join(OURS), help="warmgate's own runs")
     p.add_argument(
+        "--gateway-env", action="append", default=[], metavar="NAME:KEY=VALUE",
+        help="a setting of warmgate gateway NAME as its environment variable (repeatable); "
+        f"with a variant NAME (warmgate-ttft{VARIANT_MARK}label in --gateways, warmgate-ttft "
+        "under its own name) one comparison runs a setting's two values, e.g. "
+        f"warmgate-ttft{VARIANT_MARK}off:WARMGATE_ROUTING__PRECISE__SEGMENT_CACHE_TOKENS=0",
+    )  # fmt: skip
+    p.add_argument(
         "--tiers",
         action="store_true",
         help="vllm: a tierd with the KV connector beside each engine for warmgate's runs",
@@ -166,6 +191,10 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         p.error("--workload is required (unless --merge)")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    try:
+        args.gateway_env = gateway_env(args.gateway_env, args.gateways.split(","))
+    except ValueError as exc:
+        p.error(str(exc))
     defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}
     for key, value in {**defaults, **scale_defaults(args.scale)}.items():
         if getattr(args, key) is None:

@@ -62,6 +62,9 @@ WARMGATE_POLICIES = {
     "warmgate-ttft-async": "ttft",
 }
 ASYNC_TIER_RUNS = frozenset({"warmgate-ttft-async"})
+# `base@label`: warmgate gateway `base` run under another name, so that one comparison can
+# run it twice with different settings (`bench compare --gateway-env NAME:KEY=VALUE`)
+VARIANT_MARK = "@"
 # the runs whose replay sends what a game server knows ahead: POST /v1/warm before each
 # dialogue's first line, each line's priority class (bench.replay's warms, send_priority)
 GAME_SERVER_RUNS = frozenset({"warmgate-ttft-game"})
@@ -118,10 +121,17 @@ def free_port() -> int:
         return port
 
 
+def base_gateway(name: str) -> str:
+    """What gateway `name` runs: `base` for a variant `base@label`, else `name`."""
+    return name.split(VARIANT_MARK, 1)[0]
+
+
 def peer_missing(name: str) -> str | None:
     """Why gateway `name` cannot run here (with the command that fixes it), or None."""
-    if name in WARMGATE_POLICIES:
+    if base_gateway(name) in WARMGATE_POLICIES:
         return None
+    if VARIANT_MARK in name:
+        return f"{name}: only warmgate's gateways have variants ({', '.join(WARMGATE_POLICIES)})"
     binary = PEER_BINARIES.get(name)
     if binary is None:
         return f"unknown gateway {name!r}"
@@ -319,15 +329,16 @@ async def start_gateway(
     name: str, fleet: EngineFleet, workdir: Path, warmgate_env: Mapping[str, str] | None = None
 ) -> Gateway:
     """Start gateway `name` in front of `fleet` and wait until it answers; warmgate's own
-    gateways get `warmgate_env` too (the OTEL_ variables of `bench compare --breakdown`)."""
+    gateways get `warmgate_env` too (the OTEL_ variables of `bench compare --breakdown`, a
+    variant's settings)."""
     port = free_port()
     api_key: str | None = None
     by_url = {url: inst for inst, url in fleet.engines.items()}
     log = workdir / f"gateway-{name}.log"
-    if name in WARMGATE_POLICIES:
+    if (base := base_gateway(name)) in WARMGATE_POLICIES:
         cfg = workdir / f"warmgate-{name}.yaml"
-        config = fleet.warmgate_config(WARMGATE_POLICIES[name], port)
-        if name.endswith("-tokenize"):
+        config = fleet.warmgate_config(WARMGATE_POLICIES[base], port)
+        if base.endswith("-tokenize"):
             config.get("routing", {}).get("precise", {}).pop("tokenizer_dir", None)
         cfg.write_text(yaml.safe_dump(config))
         args = [sys.executable, "-m", "gateway.cli", "serve"]

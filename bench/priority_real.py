@@ -13,7 +13,10 @@ repeat, interactive requests arrive open-loop (Poisson, `--interactive-rate`) fo
 - `background`: background requests arrive beside them at `--background-factor` x capacity,
   sent with `x-warmgate-priority: background` (the gateway sheds them past
   `priority.background_max_in_flight`, vLLM runs interactive ones first);
-- `unclassed`: the same background load sent with no class (what priority buys).
+- `unclassed`: the same background load sent with no class (what priority buys);
+- `ungated`: the same classed background load through a second warmgate in front of the same
+  engine, started with `priority.background_prefills: 0` (what the gateway's one background
+  prefill at a time buys, gateway/pipeline/prefill_gate.py).
 
 Every request has its own random prompt (salted by arm and repeat: nothing is cached across
 requests), streamed, TTFT at the first content chunk (bench.replay.send_one). Writes
@@ -32,12 +35,14 @@ from typing import Any
 
 import httpx
 
+from bench.peers import start_gateway
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import RequestRecord, send_one
 from bench.report import pct
 
 GATEWAY = "warmgate-ttft"
-ARMS = ("alone", "background", "unclassed")
+ARMS = ("alone", "background", "unclassed", "ungated")
+UNGATED_ENV = {"WARMGATE_PRIORITY__BACKGROUND_PREFILLS": "0"}
 
 
 def _body(model: str, rng: random.Random, salt: str, words: int, max_tokens: int) -> Any:
@@ -115,8 +120,16 @@ def _summary(records: list[RequestRecord]) -> dict[str, Any]:
 
 
 async def arm_run(
-    client: httpx.AsyncClient, url: str, model: str, arm: str, rep: int, cap: float, args: Any
+    client: httpx.AsyncClient,
+    urls: dict[str, str],
+    model: str,
+    arm: str,
+    rep: int,
+    cap: float,
+    args: Any,
 ) -> dict[str, Any]:
+    """One arm; `urls`: the gated gateway's ("gated") and the ungated one's ("ungated")."""
+    url = urls["ungated" if arm == "ungated" else "gated"]
     rng = random.Random(args.seed * 1000 + rep * 10 + ARMS.index(arm))
     n_i = max(1, round(args.interactive_rate * args.seconds))
     interactive = [
@@ -132,7 +145,8 @@ async def arm_run(
             for k in range(n_b)
         ]
         # interactive lines say nothing (normal) in every arm; background is classed or not
-        headers = {"x-warmgate-priority": "background"} if arm == "background" else None
+        classed = arm in ("background", "ungated")
+        headers = {"x-warmgate-priority": "background"} if classed else None
         loops.append(open_loop(client, url, background, rate_b, headers, random.Random(rep)))
     results = await asyncio.gather(*loops)
     row: dict[str, Any] = {"repeat": rep, "arm": arm, "interactive": _summary(results[0])}
@@ -148,20 +162,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
         assert gw is not None
-        url = f"{gw.base_url}/chat/completions"
-        timeout = httpx.Timeout(300.0, connect=10.0)
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            cap = await capacity(client, url, fleet.model, args)
-            out["capacity_per_s"] = round(cap, 3)
-            print(f"capacity {cap:.2f} completions/s", file=sys.stderr, flush=True)
-            for rep in range(args.repeats):
-                order = ARMS[rep % 3 :] + ARMS[: rep % 3]
-                for arm in order:
-                    row = await arm_run(client, url, fleet.model, arm, rep, cap, args)
-                    out["rows"].append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
+        ungated_dir = args.out / "logs" / "ungated"
+        ungated_dir.mkdir(parents=True, exist_ok=True)
+        ungated = await start_gateway(GATEWAY, fleet, ungated_dir, UNGATED_ENV)
+        try:
+            urls = {
+                "gated": f"{gw.base_url}/chat/completions",
+                "ungated": f"{ungated.base_url}/chat/completions",
+            }
+            await _arms(urls, fleet.model, args, out)
+        finally:
+            await ungated.stop()
     return out
+
+
+async def _arms(urls: dict[str, str], model: str, args: Any, out: dict[str, Any]) -> None:
+    """The capacity, then every repeat's arms in rotated order, into `out`."""
+    timeout = httpx.Timeout(300.0, connect=10.0)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        cap = await capacity(client, urls["gated"], model, args)
+        out["capacity_per_s"] = round(cap, 3)
+        print(f"capacity {cap:.2f} completions/s", file=sys.stderr, flush=True)
+        for rep in range(args.repeats):
+            order = ARMS[rep % len(ARMS) :] + ARMS[: rep % len(ARMS)]
+            for arm in order:
+                row = await arm_run(client, urls, model, arm, rep, cap, args)
+                out["rows"].append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
 
 
 def render(res: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.peers import ASYNC_TIER_RUNS, WARMGATE_POLICIES, gateway_in_front
+from bench.peers import ASYNC_TIER_RUNS, WARMGATE_POLICIES, base_gateway, gateway_in_front
 from gateway.launch.models import ensure_tiny_model
 from gateway.launch.tiered import TieredConfig, TieredFleet
 from gateway.launch.vllm_fleet import FleetConfig, VllmFleet
@@ -200,9 +200,10 @@ async def real_fleet_with_gateway(
     # short path: ipc:// socket paths must fit in 107 bytes
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
     # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
-    tiered = spec.tiers and gateway in WARMGATE_POLICIES and not gateway.endswith("-bare")
+    base = base_gateway(gateway) if gateway is not None else None
+    tiered = spec.tiers and base in WARMGATE_POLICIES and not str(base).endswith("-bare")
     load, lookup = (
-        ("async", "async") if gateway in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
+        ("async", "async") if base in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
     )
     # may build the model once
     fleet = await asyncio.to_thread(

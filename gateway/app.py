@@ -50,6 +50,7 @@ from gateway.observe.stats import GatewayStats
 from gateway.observe.tracing import Tracing
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.prefill_gate import PrefillGate
 from gateway.pipeline.response_store import build_response_store
 from gateway.pipeline.router_build import build_router
 from gateway.pipeline.shared_state import start_shared_state
@@ -138,6 +139,10 @@ def build_state(settings: Settings) -> AppState:
     state.closers.append(health_client.aclose)
     metrics.gc_pauses.install()
     state.closers.append(metrics.gc_pauses.remove)
+    if settings.priority.background_prefills > 0:
+        state.prefill_gate = PrefillGate(
+            settings.priority.background_prefills, settings.priority.background_wait_s
+        )
     if settings.routing.mode == "precise":
         state.precise = PreciseChains(
             settings.routing.precise,

@@ -31,6 +31,7 @@ from gateway.observe.stats import GatewayStats
 from gateway.observe.tracing import Tracing
 from gateway.pipeline.decide import RequestPipeline
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.prefill_gate import PrefillGate
 from gateway.pipeline.response_store import ResponseStore
 from gateway.pipeline.session_bindings import SessionBindings
 from gateway.pipeline.tokens import PreciseChains
@@ -77,6 +78,8 @@ class AppState(Lifetime):
     ui: UiRuntime | None = None  # gateway.admin.ui.live fills it: the operator page's history
     engine_load: EngineLoads | None = None  # gateway.fleet.engine_load: engines' own load, veto
     warmer: Warmer | None = None  # gateway.pipeline.warm: POST /v1/warm
+    # gateway.pipeline.prefill_gate: background prefills per instance (None: no limit)
+    prefill_gate: PrefillGate | None = None
     tier_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # last tierd stats
 
     async def aclose(self) -> None:

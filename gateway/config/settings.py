@@ -125,6 +125,9 @@ class PreciseSettings(StrictModel):
     # no /tokenize round trip; requests it cannot reproduce exactly still go to /tokenize
     tokenizer_dir: str | None = None
     tokenize_timeout_s: float = Field(default=2.0, gt=0)
+    # tokens of chat prompt pieces (one message each) the local tokenizer remembers, so a
+    # dialogue's next turn encodes only its new lines (pipeline.token_segments); 0: off
+    segment_cache_tokens: int = Field(default=1_000_000, ge=0)
 
     @field_validator("vllm_hash_algo")
     @classmethod

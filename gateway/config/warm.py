@@ -80,10 +80,15 @@ class PrioritySettings(StrictModel):
     class) as vLLM priorities (lower is handled earlier), sent to instances that run with
     `--scheduling-policy priority` (`priority_scheduling: true` on the instance). Admission
     sheds background work first: a background request is refused with 429 while its
-    instance has `background_max_in_flight` or more requests in flight."""
+    instance has `background_max_in_flight` or more requests in flight. At most
+    `background_prefills` background requests prefill on an instance at once (sent, no first
+    token yet: gateway/pipeline/prefill_gate.py); the next waits up to `background_wait_s`,
+    then is refused with 429. 0: no such limit."""
 
     levels: dict[PriorityClass, int] = Field(default_factory=lambda: dict(_DEFAULT_LEVELS))
     background_max_in_flight: int = Field(default=16, ge=1)
+    background_prefills: int = Field(default=1, ge=0)
+    background_wait_s: float = Field(default=30.0, gt=0)
     deadline_miss_status: Literal[429, 503] = 429  # when the caller names none
     retry_after_s: int = Field(default=1, ge=1)
 

@@ -21,6 +21,7 @@ import time
 from fastapi.responses import Response
 from starlette.requests import Request
 
+from gateway.config.warm import PrioritySettings
 from gateway.errors import (
     OpenAIError,
     bad_gateway,
@@ -28,6 +29,7 @@ from gateway.errors import (
 from gateway.pipeline.decide import RequestPipeline, Routed
 from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.pipeline.parse import ParsedRequest, upstream_body
+from gateway.pipeline.prefill_gate import GateTimeout, PrefillGate
 from gateway.pipeline.priority import NONE, RequestPriority, admit
 from gateway.state import AppState
 from gateway.upstream.disconnect import Abandoned, ClientDisconnected, RelayResponse
@@ -148,6 +150,12 @@ async def _attempts(
     for attempt, instance in enumerate(order):
         if attempt:
             log.info("failing over to %s after: %s", instance, last, extra={"instance": instance})
+        if priority.klass == "background" and state.prefill_gate is not None:
+            try:
+                await _prefill_slot(state.prefill_gate, life, instance, state.settings.priority)
+            except ClientDisconnected:
+                life.ended("cancelled", None)  # never sent: no instance's to report
+                return Response(status_code=499)
         life.dispatch(instance, attempt, headers)
         try:
             resume = None
@@ -191,6 +199,25 @@ async def _attempts(
         f"Every instance that serves `{parsed.model}` failed ({len(order)} tried); last: {last}",
         should_retry=request_faults < POISON_AFTER,
     )
+
+
+async def _prefill_slot(
+    gate: PrefillGate, life: RequestLifecycle, instance: str, settings: PrioritySettings
+) -> None:
+    """Wait for one of `instance`'s background prefill slots (the lifecycle frees it); a
+    background request that waits too long is shed like one over the in-flight limit."""
+    try:
+        slot = await life.watch.guard(gate.enter(instance))
+    except GateTimeout as exc:
+        life.ended("shed", None)
+        raise OpenAIError(
+            429,
+            f"Background work is shed: {exc}; retry later.",
+            type="rate_limit_error",
+            code="background_shed",
+            headers={"retry-after": str(settings.retry_after_s)},
+        ) from None
+    life.hold_prefill(slot)
 
 
 # A 500 from two different instances says the request is at fault (an engine answering 500

@@ -18,7 +18,7 @@ log = logging.getLogger("warmgate.request")
 class Ended:
     """One request's end, as accounted."""
 
-    outcome: str  # ok, client_error, upstream_error, cancelled
+    outcome: str  # ok, client_error, upstream_error, cancelled, shed (a background wait)
     instance: str | None  # where it ended; None when every attempt failed
     duration_s: float
     ttft_s: float | None

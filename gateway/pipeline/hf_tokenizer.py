@@ -16,7 +16,9 @@ with a request (vllm/entrypoints: the chat template rendered by transformers'
   engine's `/tokenize` instead.
 - completion: the prompt encoded with the tokenizer's special tokens (its post-processor).
 
-Long texts are encoded in a worker thread, off the event loop. Needs the `tokenizer` extra
+A chat prompt is encoded a message at a time, and the messages seen before are not encoded
+again (`pipeline.token_segments`: exact, bounded by `segment_cache_tokens`). Long texts are
+encoded in a worker thread, off the event loop. Needs the `tokenizer` extra
 (`pip install 'warmgate[tokenizer]'`: tokenizers, jinja2); nothing is downloaded.
 """
 
@@ -25,13 +27,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from contracts.errors import ConfigurationError, RoutingError
+from gateway.pipeline.token_segments import SegmentCache, cut_pattern
 
+T = TypeVar("T")
 THREAD_THRESHOLD_CHARS = 8192  # encode longer texts in a worker thread
 SPECIAL_TOKEN_KEYS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -102,7 +106,7 @@ class HfChatTokenizer:
     """A `router.precise.Tokenizer`: the tokenize payload (`tokens.tokenize_payload`)
     in, the token ids an engine with the same tokenizer files computes out."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, segment_cache_tokens: int = 0) -> None:
         try:
             import jinja2.sandbox
             from tokenizers import Tokenizer
@@ -128,6 +132,20 @@ class HfChatTokenizer:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._template = env.from_string(template) if template is not None else None
+        pattern = cut_pattern(
+            {
+                "content": t.content,
+                "normalized": t.normalized,
+                "single_word": t.single_word,
+                "lstrip": t.lstrip,
+            }
+            for t in self._tokenizer.get_added_tokens_decoder().values()
+        )
+        self.segments = (
+            SegmentCache(pattern, segment_cache_tokens)
+            if pattern is not None and segment_cache_tokens > 0
+            else None
+        )
 
     def render(self, payload: Mapping[str, Any]) -> str:
         """The chat prompt text the engine's template makes of a chat payload."""
@@ -145,16 +163,34 @@ class HfChatTokenizer:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=special).ids
         return ids
 
+    def _encode_pieces(self, texts: Sequence[str]) -> dict[str, list[int]]:
+        return {text: self._encode(text, False) for text in texts}
+
+    async def _encode_chat(self, text: str) -> Sequence[int]:
+        """A rendered chat prompt's ids, its pieces seen before taken from the cache."""
+        if self.segments is None:
+            return await _off_loop_if_long(len(text), self._encode, text, False)
+        parts, known, missing = self.segments.split(text)
+        encoded = await _off_loop_if_long(sum(map(len, missing)), self._encode_pieces, missing)
+        return self.segments.join(parts, known, encoded)
+
     async def __call__(self, payload: Mapping[str, Any]) -> Sequence[int]:
         if "messages" in payload:
-            text, special = self.render(payload), False
-        elif isinstance(payload.get("prompt"), str):
-            text, special = str(payload["prompt"]), True
+            return await self._encode_chat(self.render(payload))
+        if isinstance(payload.get("prompt"), str):
+            text = str(payload["prompt"])
         else:
             raise LocalTokenizeUnsupported("neither messages nor a text prompt")
-        if len(text) > THREAD_THRESHOLD_CHARS:
-            return await asyncio.to_thread(self._encode, text, special)
-        return self._encode(text, special)
+        # a completion prompt is encoded whole: the tokenizer's post-processor adds its
+        # special tokens around the whole text
+        return await _off_loop_if_long(len(text), self._encode, text, True)
+
+
+async def _off_loop_if_long(chars: int, encode: Callable[..., T], *args: Any) -> T:
+    """`encode(*args)`, in a worker thread when it encodes more than the threshold's text."""
+    if chars > THREAD_THRESHOLD_CHARS:
+        return await asyncio.to_thread(encode, *args)
+    return encode(*args)
 
 
 def _tojson(

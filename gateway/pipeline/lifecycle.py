@@ -25,6 +25,7 @@ from starlette.types import Receive
 from gateway.observe.tracing import RequestTrace
 from gateway.pipeline.accounting import Ended, record
 from gateway.pipeline.parse import ParsedRequest
+from gateway.pipeline.prefill_gate import Slot
 from gateway.state import AppState
 from gateway.upstream.disconnect import ClientWatch
 from gateway.upstream.inflight import Attempt
@@ -70,6 +71,9 @@ class RequestLifecycle:
         self._outcome = "cancelled"
         self._instance: str | None = None
         self._usage: dict[str, Any] | None = None
+        # a background request's prefill slot (gateway/pipeline/prefill_gate.py): freed at
+        # its first token, when its attempt fails, or at the end
+        self._prefill: Slot | None = None
         self._metrics.in_flight.inc()
 
     # -- attempts -------------------------------------------------------------------------
@@ -82,6 +86,15 @@ class RequestLifecycle:
         self._router.on_dispatch(self.rr, self.decision, instance)
         self.trace.attempt(instance, attempt, headers)
         self._outcome, self._instance = "cancelled", instance  # until it says otherwise
+
+    def hold_prefill(self, slot: Slot) -> None:
+        """The attempt about to be sent holds `slot` until its first token."""
+        self._prefill = slot
+
+    def _prefill_done(self) -> None:
+        if self._prefill is not None:
+            self._prefill.release()
+            self._prefill = None
 
     def begin(self, instance: str) -> Attempt:
         """A request is about to be sent to `instance` (an attempt or a continuation)."""
@@ -96,6 +109,7 @@ class RequestLifecycle:
         pieces = relay.feed(chunk)
         if self.ttft_s is None and relay.saw_content:
             self.ttft_s = time.monotonic() - self.attempt_started
+            self._prefill_done()
             self._router.on_first_token(self.rr, self.decision, instance, self.ttft_s)
             self.trace.first_token(self.ttft_s)
         return pieces
@@ -105,6 +119,7 @@ class RequestLifecycle:
     ) -> None:
         """An attempt failed before the client got a byte (a fallback may follow);
         `unhealthy`: the engine's fault, for its health."""
+        self._prefill_done()
         if unhealthy is not None:
             self._health.record_failure(instance, unhealthy)
         self._router.on_complete(
@@ -154,7 +169,7 @@ class RequestLifecycle:
         self, outcome: str, instance: str | None, usage: dict[str, Any] | None = None
     ) -> None:
         """The request's end, as far as known: `outcome` (ok, client_error,
-        upstream_error, cancelled) on `instance`."""
+        upstream_error, cancelled, shed) on `instance`."""
         self._outcome, self._instance, self._usage = outcome, instance, usage
 
     def predicted_for(self, instance: str) -> int:
@@ -177,6 +192,7 @@ class RequestLifecycle:
         """Report the end: trace, router, metrics, stats, log. Called once, by the owner
         of the response (see the module's docstring)."""
         self.watch.stop()
+        self._prefill_done()
         outcome, instance, usage = self._outcome, self._instance, self._usage
         ok = outcome == "ok"
         self.trace.finish(outcome, ok=ok)

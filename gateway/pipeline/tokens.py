@@ -105,7 +105,9 @@ class PreciseChains:
         self._turn = itertools.count()
         self._local: Tokenizer | None = None
         if settings.tokenizer_dir is not None:
-            self._local = HfChatTokenizer(settings.tokenizer_dir)
+            self._local = HfChatTokenizer(
+                settings.tokenizer_dir, segment_cache_tokens=settings.segment_cache_tokens
+            )
         elif settings.tokenizer is not None:
             self._local = load_tokenizer(settings.tokenizer)
         self._xxh3: dict[str, Xxh3BlockHasher] = {}  # per model (seeded by it)

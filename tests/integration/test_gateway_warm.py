@@ -4,6 +4,7 @@ turn's cached tokens, a warm giving way to real work, the deadline's early answe
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +39,17 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         },
     ).start()
     yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One engine at 20x real time; one background prefill at a time, a 1 s wait for it."""
+    priority = {"background_prefills": 1, "background_wait_s": 1.0}
+    f = Fleet(
+        tmp_path_factory.mktemp("gw-gated"), 1, time_scale=20.0, settings={"priority": priority}
+    )
+    yield f.start()
     f.stop()
 
 
@@ -284,6 +296,44 @@ def test_a_warm_yields_to_a_real_request(slow: Fleet) -> None:
     assert r.json()["error"]["code"] == "warm_deferred"
     assert "real request" in r.json()["error"]["message"]
     assert slow.admin("stats")["warm"]["by_source"]["engine"]["yielded"] >= 1
+
+
+def _in_flight(fleet: Fleet) -> float:
+    text = httpx.get(f"{fleet.base}/metrics", timeout=10).text
+    m = re.search(r"^warmgate_in_flight_requests (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_background_prefills_wait_their_turn_and_real_work_does_not(gated: Fleet) -> None:
+    out: dict[str, httpx.Response] = {}
+    background = {"x-warmgate-priority": "background"}
+    long = {"model": MODEL, "messages": lore("bgl", 300), "max_tokens": 1}  # a long prefill
+
+    def first() -> None:
+        with httpx.Client(base_url=gated.base, timeout=300) as c:
+            out["first"] = c.post("/v1/chat/completions", json=long, headers=background)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        wait_until(lambda: _in_flight(gated) >= 1, what="the long background prefill in flight")
+        small = {"model": MODEL, "messages": lore("bgs", 1), "max_tokens": 1}
+        with httpx.Client(base_url=gated.base, timeout=300) as c:
+            second = c.post("/v1/chat/completions", json=small, headers=background)
+            assert second.status_code == 429, second.text  # its 1 s wait ran out first
+            assert second.json()["error"]["code"] == "background_shed"
+            assert "background prefill" in second.json()["error"]["message"]
+            assert int(second.headers["retry-after"]) >= 1
+            normal = c.post("/v1/chat/completions", json=small)  # not a background request
+            assert normal.status_code == 200, normal.text
+    finally:
+        thread.join(timeout=300)
+    assert out["first"].status_code == 200, out["first"].text
+    with httpx.Client(base_url=gated.base, timeout=300) as c:  # the slot is free again
+        r = c.post("/v1/chat/completions", json=small, headers=background)
+        assert r.status_code == 200, r.text
+    text = httpx.get(f"{gated.base}/metrics", timeout=10).text
+    assert re.search(r'^warmgate_requests_total\{outcome="shed"\} 1\.0$', text, re.M), text
 
 
 def test_a_refused_warm_binds_no_session(busy_pair: Fleet) -> None:

@@ -57,9 +57,15 @@ def fleet(vllm_fleets: VllmFleets) -> VllmFleet:
     return vllm_fleets.get()
 
 
+@pytest.fixture(scope="module")
+def remembering(fleet: VllmFleet) -> HfChatTokenizer:
+    """One tokenizer with the message cache for all payloads: later ones reuse pieces."""
+    return HfChatTokenizer(fleet.cfg.model_dir, segment_cache_tokens=100_000)
+
+
 @pytest.mark.parametrize("payload", PAYLOADS, ids=lambda p: str(p)[:40])
 async def test_local_tokens_are_the_engines_tokens(
-    fleet: VllmFleet, payload: dict[str, Any]
+    fleet: VllmFleet, remembering: HfChatTokenizer, payload: dict[str, Any]
 ) -> None:
     tok = HfChatTokenizer(fleet.cfg.model_dir)
     url = next(iter(fleet)).url
@@ -67,6 +73,8 @@ async def test_local_tokens_are_the_engines_tokens(
         r = await client.post(f"{url}/tokenize", json={"model": SERVED_MODEL, **payload})
     assert r.status_code == 200, r.text
     assert list(await tok(payload)) == r.json()["tokens"]
+    for _ in range(2):  # its pieces encoded, then remembered
+        assert list(await remembering(payload)) == r.json()["tokens"]
 
 
 def _tokenized(metrics: str, source: str) -> float:

@@ -1,0 +1,60 @@
+"""`bench compare --gateway-env`: a setting of one of warmgate's gateways, and variants
+(`warmgate-ttft@label`) that run a gateway twice in one comparison with different settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.compare_args import gateway_env, parse_args
+from bench.peers import base_gateway, peer_missing
+
+
+def test_a_variant_runs_its_base_under_its_own_name() -> None:
+    assert base_gateway("warmgate-ttft@off") == "warmgate-ttft"
+    assert base_gateway("warmgate-ttft") == "warmgate-ttft"
+    assert peer_missing("warmgate-ttft-bare@x") is None
+    missing = peer_missing("smg@x")
+    assert missing is not None and "only warmgate's gateways have variants" in missing
+
+
+def test_settings_are_collected_per_gateway() -> None:
+    env = gateway_env(
+        [
+            "warmgate-ttft@off:WARMGATE_ROUTING__PRECISE__SEGMENT_CACHE_TOKENS=0",
+            "warmgate-ttft@off:WARMGATE_GC__YOUNG=700",
+            "warmgate-ttft:WARMGATE_LOG_LEVEL=a=b",
+        ],
+        ["warmgate-ttft", "warmgate-ttft@off", "smg"],
+    )
+    assert env == {
+        "warmgate-ttft@off": {
+            "WARMGATE_ROUTING__PRECISE__SEGMENT_CACHE_TOKENS": "0",
+            "WARMGATE_GC__YOUNG": "700",
+        },
+        "warmgate-ttft": {"WARMGATE_LOG_LEVEL": "a=b"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("warmgate-ttft:GC__YOUNG=1", "not NAME:WARMGATE_KEY=VALUE"),
+        ("warmgate-ttft:WARMGATE_GC__YOUNG", "not NAME:WARMGATE_KEY=VALUE"),
+        ("warmgate-ttft@other:WARMGATE_GC__YOUNG=1", "is not in --gateways"),
+        ("smg:WARMGATE_GC__YOUNG=1", "is not one of warmgate's"),
+    ],
+)
+def test_bad_entries_are_refused_with_the_reason(entry: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        gateway_env([entry], ["warmgate-ttft", "smg"])
+
+
+def test_the_command_line_refuses_a_bad_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "game", "--gateway-env", "nope"])
+    assert "not NAME:WARMGATE_KEY=VALUE" in capsys.readouterr().err
+    args = parse_args(
+        ["--workload", "game", "--gateways", "warmgate-ttft,warmgate-ttft@x",
+         "--gateway-env", "warmgate-ttft@x:WARMGATE_GC__YOUNG=5"]
+    )  # fmt: skip
+    assert args.gateway_env == {"warmgate-ttft@x": {"WARMGATE_GC__YOUNG": "5"}}
