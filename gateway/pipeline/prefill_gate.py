@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from contracts.errors import RoutingError
 
-class GateTimeout(Exception):
+
+class GateTimeout(RoutingError, TimeoutError):
     """A background request waited `wait_s` for a prefill slot."""
 
 
