@@ -48,6 +48,7 @@ from bench.peers import (
     fleet_with_gateway,
     peer_missing,
 )
+from bench.procs import sched_s
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
@@ -118,6 +119,7 @@ async def run_gateway(
         servers: list[int] = []
         sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
         cpu0 = await asyncio.to_thread(_cpu_times)
+        gw_sched0 = await asyncio.to_thread(sched_s, gw.proc.pid)
         t0 = time.perf_counter()
         # the game server's warms and priority classes
         hints = base_gateway(name) in GAME_SERVER_RUNS
@@ -131,12 +133,14 @@ async def run_gateway(
         duration = time.perf_counter() - t0
         traces = await sink.collect(records) if sink is not None else None
         cpu1 = await asyncio.to_thread(_cpu_times)
+        gw_sched1 = await asyncio.to_thread(sched_s, gw.proc.pid)
         sampler.cancel()
         await poller.stop()
         tiers = await tier_figures(fleet)  # tierd's and the connector's, before they stop
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
+    summary.update(_gateway_sched(gw_sched0, gw_sched1, len(records)))
     block = (spec.block_size or 128) if isinstance(spec, RealFleetSpec) else spec.block_tokens
     summary["game"] = game_figures(
         items, records, block_tokens=block, time_scale=time_scale, compress=args.compress,
@@ -154,6 +158,19 @@ async def run_gateway(
         summary["vllm_servers_on_machine_max"] = max(servers)
     ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
     return summary, ttfts, poller.requests_over_time()
+
+
+def _gateway_sched(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, requests: int
+) -> dict[str, float]:
+    """The gateway process's CPU a request over the replay, and its time runnable but waiting
+    for a core (what a machine whose cores the engines keep busy adds to time outside them)."""
+    if before is None or after is None or requests < 1:
+        return {}
+    return {
+        "gateway_cpu_ms_per_request": round((after[0] - before[0]) * 1e3 / requests, 3),
+        "gateway_cpu_wait_ms_per_request": round((after[1] - before[1]) * 1e3 / requests, 3),
+    }
 
 
 async def _sample_load(

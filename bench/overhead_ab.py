@@ -59,7 +59,7 @@ from bench.peers import (
     peer_missing,
     start_gateway,
 )
-from bench.procs import Proc
+from bench.procs import Proc, sched_s
 from bench.report import machine
 
 TRANSPORTS = ("h1pool", "aiohttp", "httpx")
@@ -75,18 +75,14 @@ def cpu_s(pid: int) -> float:
     kernel keeps no schedstat, `/proc/<pid>/stat`'s utime + stime in ticks, exited threads
     included."""
     try:
-        total_ns = 0
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total_ns += int(f.read().split()[0])
-            except FileNotFoundError:
-                continue  # the thread ended between the listing and the read
-        return total_ns / 1e9
-    except (FileNotFoundError, IndexError, ValueError):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+        times = sched_s(pid)
+    except ValueError:
+        times = None
+    if times is not None:
+        return times[0]
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
 
 
 async def start_warmgate(

@@ -91,3 +91,26 @@ class Proc:
         """SIGKILL the child and its tree now (a crash)."""
         if self.tree is not None:
             self.tree.kill_all()
+
+
+def sched_s(pid: int) -> tuple[float, float] | None:
+    """(on a CPU, runnable but waiting for one) seconds of process `pid`'s live threads since
+    each started, from `/proc/<pid>/task/*/schedstat` (nanoseconds); None where the kernel
+    keeps no schedstat or the process is gone. The wait is what a busy machine costs a
+    process beyond its own work."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return None
+    on_cpu = waiting = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                fields = f.read().split()
+        except FileNotFoundError:
+            continue  # the thread ended between the listing and the read
+        if len(fields) < 2:
+            return None
+        on_cpu += int(fields[0])
+        waiting += int(fields[1])
+    return on_cpu / 1e9, waiting / 1e9

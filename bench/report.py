@@ -167,6 +167,8 @@ TABLE_COLUMNS = (
     ("tpot_p50_s", "TPOT p50 s"),
     ("e2e_p50_s", "E2E p50 s"),
     ("outside_engine_ttft_mean_s", "TTFT outside engine, mean s"),
+    ("gateway_cpu_ms_per_request", "gateway CPU ms/req"),
+    ("gateway_cpu_wait_ms_per_request", "gateway wait for CPU ms/req"),
     ("cached_token_ratio", "cached ratio"),
     ("load_imbalance", "imbalance"),
     ("throughput_rps", "req/s"),
