@@ -54,7 +54,7 @@ from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
 from bench.tail_breakdown import BreakdownSink, breakdown
 from bench.tail_breakdown import markdown as breakdown_markdown
-from bench.tier_stats import tier_figures
+from bench.tier_stats import tier_figures, tierd_pids
 from bench.workloads import SCALES, game_items, sidecar_items, trace_items
 from gateway.launch.vllm_fleet import pinned
 
@@ -120,6 +120,8 @@ async def run_gateway(
         sampler = asyncio.create_task(_sample_load(loads, servers if real else None))
         cpu0 = await asyncio.to_thread(_cpu_times)
         gw_sched0 = await asyncio.to_thread(sched_s, gw.proc.pid)
+        tierds = tierd_pids(fleet)
+        tierd_sched0 = [await asyncio.to_thread(sched_s, pid) for pid in tierds]
         t0 = time.perf_counter()
         # the game server's warms and priority classes
         hints = base_gateway(name) in GAME_SERVER_RUNS
@@ -134,13 +136,20 @@ async def run_gateway(
         traces = await sink.collect(records) if sink is not None else None
         cpu1 = await asyncio.to_thread(_cpu_times)
         gw_sched1 = await asyncio.to_thread(sched_s, gw.proc.pid)
+        tierd_sched1 = [await asyncio.to_thread(sched_s, pid) for pid in tierds]
         sampler.cancel()
         await poller.stop()
         tiers = await tier_figures(fleet)  # tierd's and the connector's, before they stop
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
-    summary.update(_gateway_sched(gw_sched0, gw_sched1, len(records)))
+    summary.update(_sched_per_request("gateway", gw_sched0, gw_sched1, len(records)))
+    if tierds:  # every tierd of the fleet together
+        summary.update(
+            _sched_per_request(
+                "tierd", _sum_sched(tierd_sched0), _sum_sched(tierd_sched1), len(records)
+            )
+        )
     block = (spec.block_size or 128) if isinstance(spec, RealFleetSpec) else spec.block_tokens
     summary["game"] = game_figures(
         items, records, block_tokens=block, time_scale=time_scale, compress=args.compress,
@@ -160,17 +169,27 @@ async def run_gateway(
     return summary, ttfts, poller.requests_over_time()
 
 
-def _gateway_sched(
-    before: tuple[float, float] | None, after: tuple[float, float] | None, requests: int
+def _sched_per_request(
+    what: str,
+    before: tuple[float, float] | None,
+    after: tuple[float, float] | None,
+    requests: int,
 ) -> dict[str, float]:
-    """The gateway process's CPU a request over the replay, and its time runnable but waiting
-    for a core (what a machine whose cores the engines keep busy adds to time outside them)."""
+    """`what`'s CPU a request over the replay, and its time runnable but waiting for a core
+    (what a machine whose cores the engines keep busy adds to time outside them)."""
     if before is None or after is None or requests < 1:
         return {}
     return {
-        "gateway_cpu_ms_per_request": round((after[0] - before[0]) * 1e3 / requests, 3),
-        "gateway_cpu_wait_ms_per_request": round((after[1] - before[1]) * 1e3 / requests, 3),
+        f"{what}_cpu_ms_per_request": round((after[0] - before[0]) * 1e3 / requests, 3),
+        f"{what}_cpu_wait_ms_per_request": round((after[1] - before[1]) * 1e3 / requests, 3),
     }
+
+
+def _sum_sched(times: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """Several processes' (CPU, wait) seconds together; None if any could not be read."""
+    if any(t is None for t in times):
+        return None
+    return (sum(t[0] for t in times if t), sum(t[1] for t in times if t))
 
 
 async def _sample_load(

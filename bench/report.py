@@ -169,6 +169,7 @@ TABLE_COLUMNS = (
     ("outside_engine_ttft_mean_s", "TTFT outside engine, mean s"),
     ("gateway_cpu_ms_per_request", "gateway CPU ms/req"),
     ("gateway_cpu_wait_ms_per_request", "gateway wait for CPU ms/req"),
+    ("tierd_cpu_ms_per_request", "tierds' CPU ms/req"),
     ("cached_token_ratio", "cached ratio"),
     ("load_imbalance", "imbalance"),
     ("throughput_rps", "req/s"),

@@ -88,6 +88,14 @@ def _collect(fleet: TieredFleet) -> dict[str, Any]:
     }
 
 
+def tierd_pids(fleet: object) -> list[int]:
+    """The tierd processes of a bench fleet with tierds (`RealFleet`); [] without."""
+    inner = getattr(fleet, "fleet", None)
+    if not isinstance(inner, TieredFleet):
+        return []
+    return [i.tierd.tree.pid for i in inner.instances if i.tierd.tree is not None]
+
+
 async def tier_figures(fleet: object) -> dict[str, Any]:
     """The figures above for a bench fleet with tierds (`RealFleet`); {} without."""
     inner = getattr(fleet, "fleet", None)

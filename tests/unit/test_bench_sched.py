@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from bench.compare import _gateway_sched
+from bench.compare import _sched_per_request, _sum_sched
 from bench.procs import sched_s
 
 
@@ -25,10 +25,12 @@ def test_a_process_that_is_gone_reads_none() -> None:
     assert sched_s(child.pid) is None
 
 
-def test_the_gateway_figures_are_per_request_milliseconds() -> None:
-    assert _gateway_sched((1.0, 2.0), (1.5, 2.25), 100) == {
+def test_the_figures_are_per_request_milliseconds() -> None:
+    assert _sched_per_request("gateway", (1.0, 2.0), (1.5, 2.25), 100) == {
         "gateway_cpu_ms_per_request": 5.0,
         "gateway_cpu_wait_ms_per_request": 2.5,
     }
-    assert _gateway_sched(None, (1.0, 1.0), 10) == {}
-    assert _gateway_sched((1.0, 1.0), (2.0, 2.0), 0) == {}
+    assert _sched_per_request("tierd", None, (1.0, 1.0), 10) == {}
+    assert _sched_per_request("tierd", (1.0, 1.0), (2.0, 2.0), 0) == {}
+    assert _sum_sched([(1.0, 0.5), (2.0, 0.25)]) == (3.0, 0.75)
+    assert _sum_sched([(1.0, 0.5), None]) is None
