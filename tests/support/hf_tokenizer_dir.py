@@ -45,3 +45,16 @@ def build(directory: Path, template: str | None = CHATML) -> Path:
         config["chat_template"] = template
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
+
+
+def whole_ids(directory: Path, text: str, *, special: bool) -> list[int]:
+    """`text` encoded whole by the directory's tokenizer (`special`: with its post-processor's
+    special tokens): what the gateway's local tokenizer must reproduce."""
+    from tokenizers import Tokenizer
+
+    ids: list[int] = (
+        Tokenizer.from_file(str(directory / "tokenizer.json"))
+        .encode(text, add_special_tokens=special)
+        .ids
+    )
+    return ids

@@ -17,18 +17,12 @@ from gateway.pipeline.hf_tokenizer import (
     HfChatTokenizer,
     LocalTokenizeUnsupported,
 )
-from tests.support.hf_tokenizer_dir import build
+from tests.support.hf_tokenizer_dir import build, whole_ids
 
 
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("tok"))
-
-
-def _ids(directory: Path, text: str, special: bool) -> list[int]:
-    raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    ids: list[int] = raw.encode(text, add_special_tokens=special).ids
-    return ids
 
 
 async def test_chat_renders_the_template_and_encodes_without_adding_specials(
@@ -49,7 +43,7 @@ async def test_chat_renders_the_template_and_encodes_without_adding_specials(
     )
     assert tok.render(payload) == text
     ids = await tok(payload)
-    assert list(ids) == _ids(directory, text, special=False)
+    assert list(ids) == whole_ids(directory, text, special=False)
     im_start = Tokenizer.from_file(str(directory / "tokenizer.json")).token_to_id("<|im_start|>")
     assert ids[0] == im_start and list(ids).count(im_start) == 3  # one id, not its characters
     no_prompt = tok.render({**payload, "add_generation_prompt": False})
@@ -59,14 +53,14 @@ async def test_chat_renders_the_template_and_encodes_without_adding_specials(
 async def test_a_text_prompt_is_encoded_with_the_tokenizers_specials(directory: Path) -> None:
     tok = HfChatTokenizer(directory)
     prompt = "Where is the old forge?"
-    assert list(await tok({"prompt": prompt})) == _ids(directory, prompt, special=True)
+    assert list(await tok({"prompt": prompt})) == whole_ids(directory, prompt, special=True)
 
 
 async def test_long_texts_encode_alike_off_the_loop(directory: Path) -> None:
     tok = HfChatTokenizer(directory)
     prompt = "The harbor is frozen. " * (THREAD_THRESHOLD_CHARS // 10)
     assert len(prompt) > THREAD_THRESHOLD_CHARS
-    assert list(await tok({"prompt": prompt})) == _ids(directory, prompt, special=True)
+    assert list(await tok({"prompt": prompt})) == whole_ids(directory, prompt, special=True)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +104,7 @@ async def test_chat_template_jinja_wins_and_no_template_is_refused(tmp_path: Pat
     bare = HfChatTokenizer(build(tmp_path / "none", template=None))
     with pytest.raises(LocalTokenizeUnsupported, match="no chat template"):
         await bare({"messages": [{"role": "user", "content": "x"}]})
-    assert list(await bare({"prompt": "forge"})) == _ids(directory, "forge", special=True)
+    assert list(await bare({"prompt": "forge"})) == whole_ids(directory, "forge", special=True)
 
 
 def test_a_directory_without_tokenizer_json_is_refused(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
 
 from gateway.pipeline.hf_tokenizer import THREAD_THRESHOLD_CHARS, HfChatTokenizer
 from gateway.pipeline.token_segments import (
@@ -21,21 +20,12 @@ from gateway.pipeline.token_segments import (
     cut_pattern,
     pieces,
 )
-from tests.support.hf_tokenizer_dir import build
+from tests.support.hf_tokenizer_dir import build, whole_ids
 
 
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("tok"))
-
-
-def _whole(directory: Path, text: str) -> list[int]:
-    ids: list[int] = (
-        Tokenizer.from_file(str(directory / "tokenizer.json"))
-        .encode(text, add_special_tokens=False)
-        .ids
-    )
-    return ids
 
 
 def _chat(*contents: str) -> dict[str, Any]:
@@ -60,7 +50,9 @@ async def test_any_dialogue_encodes_to_the_whole_prompts_ids(
     cached = HfChatTokenizer(directory, segment_cache_tokens=10_000)
     for turn in range(1, len(dialogue) + 1):  # each turn re-sends the ones before it
         payload = _chat(*dialogue[:turn])
-        assert list(await cached(payload)) == _whole(directory, cached.render(payload))
+        assert list(await cached(payload)) == whole_ids(
+            directory, cached.render(payload), special=False
+        )
 
 
 async def test_the_next_turn_encodes_only_its_new_lines(directory: Path) -> None:
@@ -72,12 +64,14 @@ async def test_the_next_turn_encodes_only_its_new_lines(directory: Path) -> None
     encoded_first = tok.segments.encoded_tokens
     second = _chat(world, "Where is the old forge?", "Nobody knows.", "And the harbor?")
     ids = await tok(second)
-    assert list(ids) == _whole(directory, tok.render(second))
+    assert list(ids) == whole_ids(directory, tok.render(second), special=False)
     new = tok.segments.encoded_tokens - encoded_first
     # the world and the first line came from the cache; the two new lines and the
     # generation prompt were encoded (the first turn's generation prompt is now the
     # assistant's line, a new piece)
-    assert tok.segments.hit_tokens >= len(_whole(directory, tok.render(_chat(world))))
+    assert tok.segments.hit_tokens >= len(
+        whole_ids(directory, tok.render(_chat(world)), special=False)
+    )
     assert 0 < new < len(ids) / 4
 
 
@@ -85,7 +79,7 @@ async def test_without_a_cache_the_prompt_is_encoded_whole(directory: Path) -> N
     tok = HfChatTokenizer(directory)  # segment_cache_tokens defaults to 0 here
     assert tok.segments is None
     payload = _chat("You are Maren.", "Hi")
-    assert list(await tok(payload)) == _whole(directory, tok.render(payload))
+    assert list(await tok(payload)) == whole_ids(directory, tok.render(payload), special=False)
 
 
 def test_the_cache_keeps_to_its_bound_and_a_prompt_over_it_still_encodes() -> None:
