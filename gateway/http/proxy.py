@@ -30,7 +30,7 @@ from gateway.pipeline.decide import RequestPipeline, Routed
 from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.pipeline.parse import ParsedRequest, upstream_body
 from gateway.pipeline.prefill_gate import GateTimeout, PrefillGate
-from gateway.pipeline.priority import NONE, RequestPriority, admit
+from gateway.pipeline.priority import NONE, RequestPriority, admit, background_shed
 from gateway.state import AppState
 from gateway.upstream.disconnect import Abandoned, ClientDisconnected, RelayResponse
 from gateway.upstream.inflight import Attempt
@@ -210,13 +210,7 @@ async def _prefill_slot(
         slot = await life.watch.guard(gate.enter(instance))
     except GateTimeout as exc:
         life.ended("shed", None)
-        raise OpenAIError(
-            429,
-            f"Background work is shed: {exc}; retry later.",
-            type="rate_limit_error",
-            code="background_shed",
-            headers={"retry-after": str(settings.retry_after_s)},
-        ) from None
+        raise background_shed(str(exc), settings) from None
     life.hold_prefill(slot)
 
 

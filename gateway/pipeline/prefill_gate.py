@@ -71,18 +71,15 @@ class PrefillGate:
         queue.append(turn)
         try:
             await asyncio.wait_for(asyncio.shield(turn), self.wait_s)
-        except TimeoutError:
-            if turn.done() and not turn.cancelled():  # handed a slot as the wait ran out
+        except BaseException as exc:  # the wait ran out, or the client went away
+            if turn.done() and not turn.cancelled():  # handed a slot as the wait ended
                 self._leave(instance)
             turn.cancel()
-            raise GateTimeout(
-                f"waited {self.wait_s:g} s for one of {self.limit} background prefill "
-                f"slots on {instance}"
-            ) from None
-        except BaseException:  # the client went away while waiting
-            if turn.done() and not turn.cancelled():
-                self._leave(instance)
-            turn.cancel()
+            if isinstance(exc, TimeoutError):
+                raise GateTimeout(
+                    f"waited {self.wait_s:g} s for one of {self.limit} background prefill "
+                    f"slots on {instance}"
+                ) from None
             raise
         return Slot(self, instance)  # the slot was counted when it was handed over
 

@@ -132,17 +132,26 @@ def admit(
     if priority.klass == "background":
         busy = in_flight(instance)
         if settings.sheds(priority.klass, busy):
-            raise OpenAIError(
-                429,
-                f"Background work is shed while {instance} has {busy} requests in flight "
-                f"(limit {settings.background_max_in_flight}); retry later.",
-                type="rate_limit_error",
-                code="background_shed",
-                headers={"retry-after": str(settings.retry_after_s)},
+            raise background_shed(
+                f"{instance} has {busy} requests in flight "
+                f"(limit {settings.background_max_in_flight})",
+                settings,
             )
     if priority.deadline_s is None:
         return routed
     return _meet_deadline(routed, priority.deadline_s, priority.miss_status)
+
+
+def background_shed(why: str, settings: PrioritySettings) -> OpenAIError:
+    """The 429 that sheds a background request (over the in-flight limit, or out of time
+    waiting for a prefill slot: gateway/pipeline/prefill_gate.py)."""
+    return OpenAIError(
+        429,
+        f"Background work is shed: {why}; retry later.",
+        type="rate_limit_error",
+        code="background_shed",
+        headers={"retry-after": str(settings.retry_after_s)},
+    )
 
 
 def _meet_deadline(routed: Routed, deadline_s: float, miss_status: int) -> Routed:
