@@ -48,7 +48,7 @@ from bench.peers import (
     fleet_with_gateway,
     peer_missing,
 )
-from bench.procs import sched_s
+from bench.procs import sched_per_request, sched_s, sum_sched
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
 from bench.replay import ReplayItem, RequestRecord, replay
 from bench.report import machine, render_markdown, summarize
@@ -143,11 +143,11 @@ async def run_gateway(
     await asyncio.to_thread(_write_records, tmp / f"records-{name}.jsonl", records)
     summary = summarize(records, poller.totals(), time_scale=time_scale, duration_s=duration)
     summary["fleet_start_s"] = round(started_s, 1)  # engines (fresh) + warm-up + gateway
-    summary.update(_sched_per_request("gateway", gw_sched0, gw_sched1, len(records)))
+    summary.update(sched_per_request("gateway", gw_sched0, gw_sched1, len(records)))
     if tierds:  # every tierd of the fleet together
         summary.update(
-            _sched_per_request(
-                "tierd", _sum_sched(tierd_sched0), _sum_sched(tierd_sched1), len(records)
+            sched_per_request(
+                "tierd", sum_sched(tierd_sched0), sum_sched(tierd_sched1), len(records)
             )
         )
     block = (spec.block_size or 128) if isinstance(spec, RealFleetSpec) else spec.block_tokens
@@ -167,29 +167,6 @@ async def run_gateway(
         summary["vllm_servers_on_machine_max"] = max(servers)
     ttfts = [r.ttft_s / time_scale for r in records if r.ok and r.ttft_s is not None]
     return summary, ttfts, poller.requests_over_time()
-
-
-def _sched_per_request(
-    what: str,
-    before: tuple[float, float] | None,
-    after: tuple[float, float] | None,
-    requests: int,
-) -> dict[str, float]:
-    """`what`'s CPU a request over the replay, and its time runnable but waiting for a core
-    (what a machine whose cores the engines keep busy adds to time outside them)."""
-    if before is None or after is None or requests < 1:
-        return {}
-    return {
-        f"{what}_cpu_ms_per_request": round((after[0] - before[0]) * 1e3 / requests, 3),
-        f"{what}_cpu_wait_ms_per_request": round((after[1] - before[1]) * 1e3 / requests, 3),
-    }
-
-
-def _sum_sched(times: list[tuple[float, float] | None]) -> tuple[float, float] | None:
-    """Several processes' (CPU, wait) seconds together; None if any could not be read."""
-    if any(t is None for t in times):
-        return None
-    return (sum(t[0] for t in times if t), sum(t[1] for t in times if t))
 
 
 async def _sample_load(

@@ -114,3 +114,26 @@ def sched_s(pid: int) -> tuple[float, float] | None:
         on_cpu += int(fields[0])
         waiting += int(fields[1])
     return on_cpu / 1e9, waiting / 1e9
+
+
+def sched_per_request(
+    what: str,
+    before: tuple[float, float] | None,
+    after: tuple[float, float] | None,
+    requests: int,
+) -> dict[str, float]:
+    """`what`'s CPU a request over the replay, and its time runnable but waiting for a core
+    (what a machine whose cores the engines keep busy adds to time outside them)."""
+    if before is None or after is None or requests < 1:
+        return {}
+    return {
+        f"{what}_cpu_ms_per_request": round((after[0] - before[0]) * 1e3 / requests, 3),
+        f"{what}_cpu_wait_ms_per_request": round((after[1] - before[1]) * 1e3 / requests, 3),
+    }
+
+
+def sum_sched(times: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """Several processes' (CPU, wait) seconds together; None if any could not be read."""
+    if any(t is None for t in times):
+        return None
+    return (sum(t[0] for t in times if t), sum(t[1] for t in times if t))

@@ -1,5 +1,5 @@
-"""A process's time on a CPU and waiting for one (bench.procs.sched_s), and bench compare's
-per-request figures of the gateway made of them."""
+"""A process's time on a CPU and waiting for one (bench.procs.sched_s), and the
+per-request figures bench compare makes of them (bench.procs)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import os
 import subprocess
 import sys
 
-from bench.compare import _sched_per_request, _sum_sched
-from bench.procs import sched_s
+from bench.procs import sched_per_request, sched_s, sum_sched
 
 
 def test_a_process_cpu_and_wait_are_read_and_grow_with_work() -> None:
@@ -26,11 +25,11 @@ def test_a_process_that_is_gone_reads_none() -> None:
 
 
 def test_the_figures_are_per_request_milliseconds() -> None:
-    assert _sched_per_request("gateway", (1.0, 2.0), (1.5, 2.25), 100) == {
+    assert sched_per_request("gateway", (1.0, 2.0), (1.5, 2.25), 100) == {
         "gateway_cpu_ms_per_request": 5.0,
         "gateway_cpu_wait_ms_per_request": 2.5,
     }
-    assert _sched_per_request("tierd", None, (1.0, 1.0), 10) == {}
-    assert _sched_per_request("tierd", (1.0, 1.0), (2.0, 2.0), 0) == {}
-    assert _sum_sched([(1.0, 0.5), (2.0, 0.25)]) == (3.0, 0.75)
-    assert _sum_sched([(1.0, 0.5), None]) is None
+    assert sched_per_request("tierd", None, (1.0, 1.0), 10) == {}
+    assert sched_per_request("tierd", (1.0, 1.0), (2.0, 2.0), 0) == {}
+    assert sum_sched([(1.0, 0.5), (2.0, 0.25)]) == (3.0, 0.75)
+    assert sum_sched([(1.0, 0.5), None]) is None
