@@ -30,6 +30,7 @@ from gateway.errors import install_error_handlers
 from gateway.fleet.calibration_probe import start_calibration_probe
 from gateway.fleet.engine_check import check_engines
 from gateway.fleet.engine_load import start_engine_load
+from gateway.fleet.engine_pages import EnginePages
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.kv_capacity import run_discovery
 from gateway.fleet.kv_events import start_kv_events
@@ -100,27 +101,25 @@ def build_client(settings: Settings) -> httpx.AsyncClient:
     )
 
 
-def build_health_client(settings: Settings) -> httpx.AsyncClient:
+def build_health_pages(settings: Settings) -> EnginePages:
     """Health checks get their own small pool: a proxy pool full of long streams must
     never make a healthy instance look dead."""
-    return httpx.AsyncClient(
-        timeout=settings.health.timeout_s,
-        limits=httpx.Limits(max_connections=max(4, 2 * len(settings.instances))),
-        trust_env=False,
+    return EnginePages(
+        max_connections=max(4, 2 * len(settings.instances)), timeout_s=settings.health.timeout_s
     )
 
 
 def build_state(settings: Settings) -> AppState:
     metrics = GatewayMetrics()
     client = build_client(settings)
-    health_client = build_health_client(settings)
+    health_pages = build_health_pages(settings)
     state = AppState(
         settings=settings,
         client=client,
         upstream=build_upstream(settings),
         metrics=metrics,
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
-        health=HealthChecker(settings.instances, settings.health, health_client, metrics),
+        health=HealthChecker(settings.instances, settings.health, health_pages, metrics),
         router=build_router(settings.routing),
         prefetch=PrefetchHints(
             settings.instances, metrics, client, enabled=settings.tiers.prefetch
@@ -136,7 +135,7 @@ def build_state(settings: Settings) -> AppState:
     state.closers.append(state.tracing.aclose)
     state.closers.append(state.limits.aclose)
     state.health.on_unhealthy.append(state.inflight.on_unhealthy)
-    state.closers.append(health_client.aclose)
+    state.closers.append(health_pages.aclose)
     metrics.gc_pauses.install()
     state.closers.append(metrics.gc_pauses.remove)
     if settings.priority.background_prefills > 0:

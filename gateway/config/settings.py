@@ -311,11 +311,11 @@ class CalibrationSettings(StrictModel):
 
 
 class UiSettings(StrictModel):
-    """The operator page (gateway/admin/ui/): how often it samples history and scrapes engines."""
+    """The operator page (gateway/admin/ui/): how often it samples history (the engines' own
+    figures are the `engine_metrics` scrapes)."""
 
     sample_interval_s: float = Field(default=5.0, gt=0)  # one history point per interval
     history_s: float = Field(default=900.0, gt=0)  # kept this long
-    engine_scrape_s: float = Field(default=2.0, gt=0)  # engines' /metrics for KV use
 
 
 ENV_PREFIX = "WARMGATE_"

@@ -17,8 +17,10 @@ series named here are vLLM's, which the simulated engine publishes too):
   `/admin/stats` (`engine_reported`) and exported as `warmgate_engine_prompt_tokens` /
   `warmgate_engine_cached_prompt_tokens` gauges (the engine's own counter values).
 
-A scrape that fails keeps nothing stale: the instance's load is forgotten (no veto) until
-it answers again.
+A scrape that fails keeps nothing stale for routing: the instance's load is forgotten (no
+veto) until it answers again. The operator page (gateway/admin/ui/) shows these same scrapes,
+the last good one beside why the latest failed: one scrape of each page per interval, whoever
+reads it (a second scraper for the page cost the idle gateway a fifth of its CPU).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry, Gauge
 
 from gateway.config.settings import InstanceSettings, Settings
 from gateway.engine.base import EngineLoad
+from gateway.fleet.engine_pages import EnginePages, PageUnavailable
 from gateway.fleet.health import HealthChecker
 from gateway.lifetime import Lifetime
 
@@ -81,17 +83,24 @@ class EngineLoads:
     def __init__(self, veto: Veto, gauges: EngineLoadGauges | None = None) -> None:
         self.veto = veto
         self.gauges = gauges
-        self.loads: dict[str, EngineLoad] = {}
+        self.loads: dict[str, EngineLoad] = {}  # the latest scrape, when it succeeded
         self.scraped_at: dict[str, float] = {}
+        self.last_good: dict[str, tuple[EngineLoad, float]] = {}  # (load, when), for display
+        self.errors: dict[str, str] = {}  # why the latest scrape failed
         self.vetoes = 0  # candidates left out for overload, counted per decision
 
-    def update(self, instance: str, load: EngineLoad | None) -> None:
+    def update(self, instance: str, load: EngineLoad | None, error: str | None = None) -> None:
+        """The latest scrape of `instance`: its load, or None and why it failed."""
         if load is None:
             self.loads.pop(instance, None)
             self.scraped_at.pop(instance, None)
+            self.errors[instance] = error or "no answer"
             return
+        now = time.time()
         self.loads[instance] = load
-        self.scraped_at[instance] = time.time()
+        self.scraped_at[instance] = now
+        self.last_good[instance] = (load, now)
+        self.errors.pop(instance, None)
         g = self.gauges
         if g is None:
             return
@@ -123,6 +132,11 @@ class EngineLoads:
             return list(candidates)
         self.vetoes += len(candidates) - len(keep)
         return keep
+
+    def forget(self, instance: str) -> None:
+        """`instance` left the fleet."""
+        for table in (self.loads, self.scraped_at, self.last_good, self.errors):
+            table.pop(instance, None)
 
     def view(self, instance: str) -> dict[str, Any] | None:
         load = self.loads.get(instance)
@@ -161,25 +175,25 @@ class EngineLoads:
         }
 
 
-async def scrape(
-    client: httpx.AsyncClient, inst: InstanceSettings, timeout_s: float
-) -> EngineLoad | None:
-    # httpx's timeouts bound each operation (connect, each read), not the whole exchange:
-    # the deadline around it keeps one engine from ever stalling every instance's scrape
+async def scrape(pages: EnginePages, inst: InstanceSettings, timeout_s: float) -> EngineLoad | str:
+    """The instance's load, or why there is none. `timeout_s` bounds the whole exchange, so
+    one engine never stalls every instance's scrape."""
     engine = inst.adapter
+    path = engine.metrics_path
     try:
-        async with asyncio.timeout(2 * timeout_s):
-            resp = await client.get(f"{inst.url}{engine.metrics_path}", timeout=timeout_s)
-            resp.raise_for_status()
-    except (httpx.HTTPError, TimeoutError):
-        return None
+        resp = await pages.get(f"{inst.url}{path}", timeout_s)
+    except PageUnavailable as exc:
+        return f"{path}: {exc}"
+    if resp.status_code != 200:
+        return f"{path} answered {resp.status_code}"
     load = engine.load(resp.text)
-    return None if load.empty else load  # empty: not a page of its kind, nothing to use
+    # empty: not a page of its kind, nothing to use
+    return f"{path}: none of the engine's load series" if load.empty else load
 
 
 async def run_scraper(
     loads: EngineLoads,
-    client: httpx.AsyncClient,
+    pages: EnginePages,
     instances: Any,
     *,
     interval_s: float,
@@ -190,12 +204,16 @@ async def run_scraper(
         started = time.monotonic()
         fleet = list(instances())
         results = await asyncio.gather(
-            *(scrape(client, i, timeout_s) for i in fleet), return_exceptions=True
+            *(scrape(pages, i, timeout_s) for i in fleet), return_exceptions=True
         )
         for inst, result in zip(fleet, results, strict=True):
-            loads.update(inst.id, result if not isinstance(result, BaseException) else None)
-        for gone in set(loads.loads) - {i.id for i in fleet}:
-            loads.update(gone, None)
+            if isinstance(result, EngineLoad):
+                loads.update(inst.id, result)
+            else:
+                why = result if isinstance(result, str) else f"{type(result).__name__}: {result}"
+                loads.update(inst.id, None, why)
+        for gone in (set(loads.loads) | set(loads.errors)) - {i.id for i in fleet}:
+            loads.forget(gone)
         await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - started)))
 
 
@@ -211,19 +229,11 @@ def start_engine_load(
     health.candidate_filters.append(loads.filter)
     # a pool of its own, as the health checks have: requests cancelled or stuck in the
     # shared client (hints, /tokenize) must never stall the scrapes the veto depends on
-    client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=max(16, 2 * len(settings.instances))),
-        trust_env=False,
-    )
-    life.closers.append(client.aclose)
+    timeout_s = 2 * max(settings.health.timeout_s, 1.0)
+    pages = EnginePages(max_connections=max(16, 2 * len(settings.instances)), timeout_s=timeout_s)
+    life.closers.append(pages.aclose)
     life.spawn(
-        run_scraper(
-            loads,
-            client,
-            health.instances,
-            interval_s=cfg.interval_s,
-            timeout_s=max(settings.health.timeout_s, 1.0),
-        ),
+        run_scraper(loads, pages, health.instances, interval_s=cfg.interval_s, timeout_s=timeout_s),
         "engine-load",
     )
     return loads

@@ -22,11 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx
-
 from contracts.errors import UpstreamError
 from gateway.config.settings import HealthSettings, InstanceSettings
 from gateway.engine.base import Engine
+from gateway.fleet.engine_pages import EnginePages, PageUnavailable
 from gateway.observe.metrics import GatewayMetrics
 
 log = logging.getLogger("warmgate.health")
@@ -81,7 +80,7 @@ class HealthChecker:
         self,
         instances: Sequence[InstanceSettings],
         settings: HealthSettings,
-        client: httpx.AsyncClient,
+        pages: EnginePages,
         metrics: GatewayMetrics,
     ) -> None:
         self._instances = {i.id: i for i in instances}
@@ -90,7 +89,7 @@ class HealthChecker:
         # called with (instance, reason) when health checks open its breaker
         self.on_unhealthy: list[Callable[[str, str], None]] = []
         self._settings = settings
-        self._client = client
+        self._pages = pages
         self._metrics = metrics
         self.health: dict[str, InstanceHealth] = {i.id: InstanceHealth(i.id) for i in instances}
         # called as listener(instance, old_state, new_state) on every change (sync, short):
@@ -243,10 +242,9 @@ class HealthChecker:
         path = inst.adapter.health_path
         started = time.monotonic()
         try:
-            resp = await self._client.get(f"{inst.url}{path}", timeout=timeout)
-        except httpx.HTTPError as exc:
-            why = f"{path}: {type(exc).__name__}: {exc}".rstrip(": ")
-            self.record_failure(instance_id, why, probe=True)
+            resp = await self._pages.get(f"{inst.url}{path}", timeout)
+        except PageUnavailable as exc:
+            self.record_failure(instance_id, f"{path}: {exc}", probe=True)
             return
         if resp.status_code != 200:
             self.record_failure(instance_id, f"{path} answered {resp.status_code}", probe=True)
@@ -255,7 +253,7 @@ class HealthChecker:
         if h is not None and not inst.models and not h.discovered_models:
             try:
                 await self._discover_models(inst, timeout)
-            except (httpx.HTTPError, ValueError) as exc:
+            except (PageUnavailable, ValueError) as exc:
                 why = f"{inst.adapter.models_path}: {type(exc).__name__}: {exc}"
                 self.record_failure(instance_id, why, probe=True)
                 return
@@ -263,8 +261,9 @@ class HealthChecker:
 
     async def _discover_models(self, inst: InstanceSettings, timeout_s: float) -> None:
         engine = inst.adapter
-        resp = await self._client.get(f"{inst.url}{engine.models_path}", timeout=timeout_s)
-        resp.raise_for_status()
+        resp = await self._pages.get(f"{inst.url}{engine.models_path}", timeout_s)
+        if resp.status_code != 200:
+            raise ModelListError(f"answered {resp.status_code}")
         models = engine.served_models(resp.json())
         if models is None:
             raise ModelListError("no model list in the answer")

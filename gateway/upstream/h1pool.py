@@ -3,8 +3,9 @@ with httptools' C parser (the `h1pool` transport of gateway/upstream/transport.p
 
 httpx (with httpcore and h11, all pure Python) took half of the gateway's CPU per proxied
 request; this does the one thing the proxy needs (a POST to a loopback or LAN engine, the
-response streamed back) in one write and one parser callback per read. Other upstream calls
-(health checks, tierd hints, /tokenize) keep httpx.
+response streamed back) in one write and one parser callback per read. The background GETs of
+engines' small pages (health, metrics: gateway/fleet/engine_pages.py) use a pool of their
+own; other upstream calls (tierd hints, /tokenize) keep httpx.
 
 - Connections are kept per (host, port), reused last-in first-out; one that saw EOF, an
   error, `Connection: close`, or a response not read to its end is closed, not reused. A
@@ -109,16 +110,33 @@ class H1Pool:
     ) -> H1Response:
         """Send a POST and return once the response head has arrived (within `head_s`,
         default the pool's `read_s`)."""
+        return await self._request(b"POST", target, headers, body, head_s)
+
+    async def get(self, target: Target, head_s: float | None = None) -> H1Response:
+        """Send a GET and return once the response head has arrived (as `post`)."""
+        return await self._request(b"GET", target, {}, None, head_s)
+
+    async def _request(
+        self,
+        method: bytes,
+        target: Target,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        head_s: float | None,
+    ) -> H1Response:
         timeouts = (
             self.timeouts if head_s is None else dataclasses.replace(self.timeouts, read_s=head_s)
         )
-        lines = [b"POST ", target.path, b" HTTP/1.1\r\nhost: ", target.host_header, b"\r\n"]
+        lines = [method, b" ", target.path, b" HTTP/1.1\r\nhost: ", target.host_header, b"\r\n"]
         for name, value in headers.items():
             encoded = value.encode("latin-1")
             if b"\r" in encoded or b"\n" in encoded:
                 raise HeaderLineBreakError(f"header {name!r} holds a line break")
             lines += [name.encode("latin-1"), b": ", encoded, b"\r\n"]
-        lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n"]
+        if body is not None:
+            lines += [b"content-length: ", str(len(body)).encode(), b"\r\n"]
+        lines.append(b"\r\n")
+        body = body or b""
         head = b"".join(lines)
         conn, reused = await self._acquire(target)
         while True:

@@ -52,7 +52,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "api_keys": keys,
             "auth": {"admin_keys": keys},  # the admin key once roles exist (ignored before)
             "health": {"interval_s": 0.3, "failure_threshold": 2},
-            "ui": {"sample_interval_s": 1.0, "engine_scrape_s": 0.5},
+            "ui": {"sample_interval_s": 1.0},
+            "engine_metrics": {"interval_s": 0.5},
             "tiers": {"prefetch": False},
         },
     ).start()

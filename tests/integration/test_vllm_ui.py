@@ -35,7 +35,8 @@ def fleet(vllm_fleets: VllmFleets) -> VllmFleet:
 @pytest.fixture(scope="module")
 def gateway(fleet: VllmFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     config = gateway_config(fleet, free_port())
-    config["ui"] = {"sample_interval_s": 1.0, "engine_scrape_s": 0.5}
+    config["ui"] = {"sample_interval_s": 1.0}
+    config["engine_metrics"] = {"interval_s": 0.5}
     config["fleet"] = {"poll_interval_s": 0.2, "drain_grace_s": 0.5}
     gw = Gateway(tmp_path_factory.mktemp("gw-ui"), config)
     try:

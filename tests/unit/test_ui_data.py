@@ -3,9 +3,10 @@ gauges are read from a Prometheus page as vLLM writes it."""
 
 from __future__ import annotations
 
-from gateway.admin.ui.engines import engine_figures
+from gateway.admin.ui.engines import engine_entry, engine_figures, engine_sums
 from gateway.admin.ui.hot import HotTracker
 from gateway.engine.vllm import VLLM
+from gateway.fleet.engine_load import EngineLoads, Veto
 from router.types import CandidateScore, Decision, RouteRequest
 
 
@@ -56,6 +57,30 @@ vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="disk
         "cached_by_source": {"device": 64.0, "disk": 32.0},
     }
     assert engine_figures(VLLM.load("")) == {}
+
+
+def test_the_page_shows_the_routing_scrapes_last_good_figures_and_why_the_latest_failed() -> None:
+    page = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 9\n'
+    )
+    loads = EngineLoads(Veto())
+    assert engine_entry(loads, "a") == {}  # not scraped yet
+    assert engine_entry(None, "a") == {}  # engine_metrics off
+    loads.update("a", VLLM.load(page))
+    loads.update("b", VLLM.load(page))
+    entry = engine_entry(loads, "a")
+    assert entry["kv_usage"] == 0.5 and entry["error"] is None and entry["scraped_at"] > 0
+    loads.update("a", None, "/metrics: ConnectError: refused")
+    entry = engine_entry(loads, "a")
+    assert entry["kv_usage"] == 0.5 and entry["error"] == "/metrics: ConnectError: refused"
+    assert loads.overloaded("a") is None and "a" not in loads.loads  # routing forgets it
+    assert engine_sums(loads, "prompt_by_source") == {"local_compute": 18.0}
+    loads.forget("a")
+    assert engine_entry(loads, "a") == {}
+    assert engine_entry(loads, "c") == {}
+    loads.update("c", None, "/metrics: 404")
+    assert engine_entry(loads, "c") == {"error": "/metrics: 404"}
 
 
 def test_hot_tables_stay_within_the_default_bound_for_any_number_of_keys() -> None:

@@ -1,21 +1,14 @@
 """What each engine says about its own load, for the operator page: KV cache use, requests
-running and waiting, prompt and cached tokens by source, from its Prometheus metrics page
-(read by the instance's engine kind, `Engine.load`: vLLM's names, whose gauges the simulated
-engine publishes too), scraped every `interval_s` per instance of the fleet as it is now. A
-failed scrape keeps the last figures and says why."""
+running and waiting, prompt and cached tokens by source. The page shows the scrapes the
+gateway already makes (gateway/fleet/engine_load.py, every `engine_metrics.interval_s`): the
+last good one, and why the latest failed when it did. Nothing here scrapes."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 from typing import Any
 
-from gateway.config.settings import InstanceSettings
 from gateway.engine.base import EngineLoad
-from gateway.state import AppState
-
-log = logging.getLogger("warmgate.ui")
+from gateway.fleet.engine_load import EngineLoads
 
 
 def engine_figures(load: EngineLoad) -> dict[str, Any]:
@@ -38,32 +31,28 @@ def engine_figures(load: EngineLoad) -> dict[str, Any]:
     return out
 
 
-async def scrape_once(state: AppState, into: dict[str, dict[str, Any]]) -> None:
-    timeout = state.settings.health.timeout_s
-    fleet = state.health.instances()
-
-    async def one(inst: InstanceSettings) -> None:
-        entry = into.setdefault(inst.id, {})
-        engine = inst.adapter
-        try:
-            r = await state.client.get(f"{inst.url}{engine.metrics_path}", timeout=timeout)
-            r.raise_for_status()
-        except Exception as exc:  # down or without /metrics: the page says so
-            entry["error"] = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            return
-        entry.update(engine_figures(engine.load(r.text)))
-        entry["error"] = None
-        entry["scraped_at"] = time.time()
-
-    await asyncio.gather(*(one(i) for i in fleet))
-    for gone in set(into) - {i.id for i in fleet}:
-        del into[gone]
+def engine_entry(loads: EngineLoads | None, instance: str) -> dict[str, Any]:
+    """One instance's engine figures for the page: `{}` before its first scrape (or with
+    `engine_metrics.enabled` false); the last good figures, `scraped_at`, and `error` (None,
+    or why the latest scrape failed)."""
+    if loads is None:
+        return {}
+    entry: dict[str, Any] = {}
+    good = loads.last_good.get(instance)
+    if good is not None:
+        entry.update(engine_figures(good[0]))
+        entry["scraped_at"] = good[1]
+    error = loads.errors.get(instance)
+    if good is not None or error is not None:
+        entry["error"] = error
+    return entry
 
 
-async def run_scraper(state: AppState, into: dict[str, dict[str, Any]], interval_s: float) -> None:
-    while True:
-        try:
-            await scrape_once(state, into)
-        except Exception as exc:  # one bad round never stops the loop
-            log.warning("engine scrape failed: %r", exc)
-        await asyncio.sleep(interval_s)
+def engine_sums(loads: EngineLoads | None, key: str) -> dict[str, float]:
+    """`key` (`cached_by_source` or `prompt_by_source`) summed over the engines' last good
+    scrapes."""
+    out: dict[str, float] = {}
+    for load, _ in list(loads.last_good.values()) if loads is not None else []:
+        for source, n in (engine_figures(load).get(key) or {}).items():
+            out[source] = out.get(source, 0.0) + n
+    return out

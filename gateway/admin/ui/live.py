@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from gateway.admin.ui.engines import run_scraper
+from gateway.admin.ui.engines import engine_entry, engine_sums
 from gateway.admin.ui.runtime import UiRuntime
 from gateway.state import AppState
 from router.index import ARRAY
@@ -28,14 +28,6 @@ def _tierd_hits(state: AppState) -> dict[str, int]:
             for tier, n in hits.items():
                 if isinstance(n, int):
                     out[str(tier)] = out.get(str(tier), 0) + n
-    return out
-
-
-def _engine_sums(ui: UiRuntime, key: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for figures in list(ui.engines.values()):
-        for source, n in (figures.get(key) or {}).items():
-            out[source] = out.get(source, 0.0) + n
     return out
 
 
@@ -54,8 +46,8 @@ def sample(state: AppState, ui: UiRuntime) -> dict[str, Any]:
         "predicted_by_tier": dict(ui.hot.predicted_by_tier),
         "tierd_hits": _tierd_hits(state),
         # vLLM's own split (device, host, disk, ...), where the engines publish it
-        "engine_cached_by_source": _engine_sums(ui, "cached_by_source"),
-        "engine_prompt_by_source": _engine_sums(ui, "prompt_by_source"),
+        "engine_cached_by_source": engine_sums(state.engine_load, "cached_by_source"),
+        "engine_prompt_by_source": engine_sums(state.engine_load, "prompt_by_source"),
     }
 
 
@@ -92,7 +84,7 @@ def ui_state(state: AppState, ui: UiRuntime) -> dict[str, Any]:
                 "fleet": fleet.status_of(inst.id) if fleet is not None else None,
                 "in_flight": in_flight,
                 "queued_prefill_tokens": queued,
-                "engine": ui.engines.get(inst.id, {}),
+                "engine": engine_entry(state.engine_load, inst.id),
                 "believed_tokens": {
                     # a block both predicted and reported by events counts once in any_tier
                     "any_tier": held * block_tokens,
@@ -128,5 +120,4 @@ async def attach_ui(state: AppState) -> None:
     ui = UiRuntime(deque(maxlen=int(cfg.history_s / cfg.sample_interval_s) + 1))
     state.router.dispatch_observers.append(ui.hot.observe)
     state.ui = ui
-    state.spawn(run_scraper(state, ui.engines, cfg.engine_scrape_s), "ui-engines")
     state.spawn(run_sampler(state, ui), "ui-history")

@@ -1,5 +1,5 @@
 """What the operator page keeps between polls: its history of samples, the hottest sessions
-and prefixes, and each engine's last scraped metrics (filled by gateway/admin/ui/live.py)."""
+and prefixes (filled by gateway/admin/ui/live.py)."""
 
 from __future__ import annotations
 
@@ -14,4 +14,3 @@ from gateway.admin.ui.hot import HotTracker
 class UiRuntime:
     history: deque[dict[str, Any]]
     hot: HotTracker = field(default_factory=HotTracker)
-    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
