@@ -52,6 +52,7 @@ from bench.overhead import MODES, _body, _one, run_step
 from bench.peers import (
     REPO,
     SMG_POLICIES,
+    EngineFleet,
     Fleet,
     FleetSpec,
     Gateway,
@@ -86,7 +87,7 @@ def cpu_s(pid: int) -> float:
 
 
 async def start_warmgate(
-    fleet: Fleet, transport: str, workdir: Path, *, name: str | None = None, tree: str = ""
+    fleet: EngineFleet, transport: str, workdir: Path, *, name: str | None = None, tree: str = ""
 ) -> Gateway:
     """warmgate `ttft` in front of `fleet`, talking to it over `transport`; from the source
     tree `tree` (its gateway, router and contracts packages first on PYTHONPATH) if given."""

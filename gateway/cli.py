@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
         "bench.overhead_ab:main",
         "gateway CPU per request and added latency, per upstream transport",
     ),
+    ("bench", "idle"): ("bench.idle_cpu:main", "each gateway's CPU with no traffic"),
     ("bench", "convergence"): (
         "bench.convergence:main",
         "ttft cost model: predicted vs observed TTFT from its prior",

@@ -1,5 +1,5 @@
-"""What a vLLM engine says about itself on `/metrics`, parsed by prometheus_client's
-exposition-format parser (pure: no I/O here).
+"""What a vLLM engine says about itself on `/metrics`: the few series the gateway reads,
+parsed from the Prometheus text format (pure: no I/O here).
 
 - `cache_config(text)` -> `EngineCacheConfig` from `vllm:cache_config_info`'s labels (block
   size, prefix-caching hash algorithm, KV capacity), or None when the page has none.
@@ -17,9 +17,8 @@ series).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.base import EngineCacheConfig, EngineLoad, MetricNames
 
@@ -41,26 +40,57 @@ NAMES = MetricNames(
 
 
 def _parsed(text: str, names: Iterable[str]) -> Iterator[tuple[str, dict[str, str], float]]:
-    """The samples of the named series, parsed by prometheus_client's exposition parser.
+    """The samples of the named series: `name{label="value",...} value [timestamp]` lines.
 
-    Only the lines of the wanted series are handed to it: a vLLM page is a thousand lines
-    of histograms the gateway does not read, and parsing them all cost 62 ms a scrape here
-    (against 0.3 ms). A page the parser refuses is parsed again line by line, and only the
-    lines it refuses are skipped, as a scrape of a half-written page should be."""
+    Only the lines of the wanted series are read: a vLLM page is a thousand lines of
+    histograms the gateway does not read (prometheus_client's parser over all of them cost
+    62 ms a scrape here, over the wanted dozen 0.4 ms, this 0.05 ms). A line that is not a
+    well-formed sample (a half-written page) is skipped, as the parser would refuse it."""
     starts = tuple(f"{name}{end}" for name in names for end in ("{", " "))
-    lines = [line for line in text.splitlines() if line.startswith(starts)]
+    for line in text.split("\n"):  # not splitlines(): a label value may hold \x1e or \x85
+        line = line.removesuffix("\r")
+        if line.startswith(starts) and (sample := _sample(line)) is not None:
+            yield sample
+
+
+# one label pair; the value's escapes (\\, \", \n) are undone by _unescape
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|(?=\}))')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
+    """One sample line, or None when it is not a well-formed one."""
+    brace = line.find("{")
+    labels: dict[str, str] = {}
+    if brace < 0:
+        name, _, rest = line.partition(" ")
+    else:
+        name, pos = line[:brace], brace + 1
+        while line.startswith(" ", pos):
+            pos += 1
+        while not line.startswith("}", pos):
+            m = _LABEL.match(line, pos)
+            if m is None:
+                return None
+            labels[m.group(1)] = _unescape(m.group(2))
+            pos = m.end()
+            while line.startswith(" ", pos):
+                pos += 1
+        rest = line[pos + 1 :]
+    fields = rest.split()
+    if not 1 <= len(fields) <= 2:  # the value, and perhaps a timestamp
+        return None
     try:
-        families = list(text_string_to_metric_families("\n".join(lines) + "\n"))
+        value = float(fields[0])
     except ValueError:
-        families = []
-        for line in lines:
-            try:
-                families += text_string_to_metric_families(line + "\n")
-            except ValueError:
-                continue
-    for family in families:
-        for sample in family.samples:
-            yield sample.name, dict(sample.labels), float(sample.value)
+        return None
+    return name.strip(), labels, value
 
 
 def _int(labels: Mapping[str, str], key: str) -> int | None:

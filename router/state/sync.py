@@ -103,7 +103,8 @@ class StateSync:
         """One store call, bounded by `timeout_s`; failures raise `StateUnavailableError`
         and mark the store down, success marks it up."""
         try:
-            result = await asyncio.wait_for(make(), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task per call, as wait_for makes
+                result = await make()
         except (StateUnavailableError, TimeoutError) as exc:
             self._obs.on_error(op)
             self._mark_down(f"{op}: {exc!r}")

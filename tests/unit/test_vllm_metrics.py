@@ -1,8 +1,16 @@
-"""gateway.engine.vllm_metrics reads engine pages with prometheus_client's exposition parser:
-quoted label values are unescaped and may hold braces, a line it refuses is skipped alone,
-and series of other names (a longer name with the same start) are not taken."""
+"""gateway.engine.vllm_metrics reads the series it needs from engine pages: quoted label values
+are unescaped and may hold braces, a malformed line is skipped alone, series of other names (a
+longer name with the same start) are not taken, and whatever prometheus_client writes it reads
+back as prometheus_client's own parser does."""
 
 from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.base import EngineLoad
 from gateway.engine.vllm_metrics import cache_config, parse_load, samples
@@ -46,3 +54,37 @@ def test_a_line_the_parser_refuses_is_skipped_alone() -> None:
     assert (load.waiting, load.kv_usage) == (5.0, None)
     assert cache_config(torn) is not None
     assert cache_config("") is None and parse_load("garbage{") == EngineLoad()
+
+
+_VALUES = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**12), 10**12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.text(max_size=12), st.text(max_size=12), _VALUES),
+        min_size=1,
+        max_size=5,
+        unique_by=lambda r: (r[0], r[1]),
+    )
+)
+def test_what_prometheus_client_writes_reads_back_as_its_parser_reads_it(
+    rows: list[tuple[str, str, float]],
+) -> None:
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm:num_requests_waiting", "w", ["engine", "model_name"], registry=registry)
+    for engine, model, value in rows:
+        gauge.labels(engine, model).set(value)
+    page = generate_latest(registry).decode()
+
+    def key(name: str, labels: dict[str, str], value: float) -> tuple[object, ...]:
+        return name, sorted(labels.items()), "nan" if math.isnan(value) else value
+
+    ours = sorted(key(*s) for s in samples(page, ["vllm:num_requests_waiting"]))
+    theirs = sorted(
+        key(s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if math.isfinite(s.value)
+    )
+    assert ours == theirs
