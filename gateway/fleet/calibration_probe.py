@@ -12,7 +12,9 @@ through the proxy: they are no client's requests and count in no statistic):
   request, are slower than what follows: measured, they would bend the fitted curve);
 - each timed from send to answer (with one output token, that is its time to first token)
   and sized by the engine's `usage.prompt_tokens` (else the gateway's estimate);
-- all of them within `calibration.probe_timeout_s`; what was measured by then counts.
+- all of them within `calibration.probe_timeout_s`; what was measured by then counts, and a
+  prompt predicted to run past it is not sent (gateway/fleet/probe_plan.py: the engine would
+  go on with it after the gateway gave up, and the first routed requests would wait).
 
 The samples go to the policy (`Policy.calibrate(instance, samples)`; ttft's cost model
 fits its speed on them at once, router/cost.py). While its probe runs the instance is kept
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 import httpx
 
 from gateway.config.settings import CalibrationSettings
+from gateway.fleet import probe_plan
 from gateway.fleet.health import HealthChecker, HealthState, ModelListError
 from gateway.lifetime import Lifetime
 from router.policies.base import CalibrationSample, Policy
@@ -122,7 +125,7 @@ class CalibrationProbe:
         samples: list[CalibrationSample] = []
         try:
             async with asyncio.timeout(self._settings.probe_timeout_s):
-                await self._measure(instance, samples)
+                await self._measure(instance, samples, time.perf_counter())
         except TimeoutError:
             log.warning(
                 "calibration probe of %s timed out after %g s (%d of %d prompts measured)",
@@ -147,7 +150,9 @@ class CalibrationProbe:
             )
         return samples
 
-    async def _measure(self, instance: str, samples: list[CalibrationSample]) -> None:
+    async def _measure(
+        self, instance: str, samples: list[CalibrationSample], started_probe: float
+    ) -> None:
         models = self._health.models_of(instance)
         if not models:
             raise ModelListError("no model known for the instance")
@@ -161,6 +166,18 @@ class CalibrationProbe:
         # a size that would not fit the engine's context is skipped, not sent to be refused
         per_word = max(1.0, self._prompt_tokens(warm, warm_body) / WARM_UP_TOKENS)
         for tokens in self._settings.probe_tokens:
+            elapsed = time.perf_counter() - started_probe
+            if not probe_plan.fits(samples, tokens, elapsed, self._settings.probe_timeout_s):
+                log.info(
+                    "calibration probe of %s: %d tokens skipped (predicted %.1f s, %.1f s of "
+                    "the %g s budget left)",
+                    instance,
+                    tokens,
+                    probe_plan.predicted_s(samples, tokens) or 0.0,
+                    self._settings.probe_timeout_s - elapsed,
+                    self._settings.probe_timeout_s,
+                )
+                continue
             if limit is not None and tokens * per_word + 1 > limit:
                 log.info(
                     "calibration probe of %s: %d tokens skipped (max_model_len %d)",

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.config.settings import CalibrationSettings
+from gateway.fleet import probe_plan
 from router.policies.base import CalibrationSample
 from sim.profiles import Profile
 
-PROBE_TOKENS = (256, 1024, 4096)  # the gateway's default `calibration.probe_tokens`
+_DEFAULTS = CalibrationSettings()
+PROBE_TOKENS = tuple(_DEFAULTS.probe_tokens)  # the gateway's default `calibration.probe_tokens`
+PROBE_BUDGET_S = _DEFAULTS.probe_timeout_s  # and `calibration.probe_timeout_s`
 
 
 def probe_ttft(profile: Profile, tokens: int) -> float:
@@ -29,5 +33,19 @@ def probe_ttft(profile: Profile, tokens: int) -> float:
     return ttft
 
 
-def probe_samples(profile: Profile, sizes: Sequence[int] = PROBE_TOKENS) -> list[CalibrationSample]:
-    return [CalibrationSample(n, probe_ttft(profile, n)) for n in sizes if n > 0]
+def probe_samples(
+    profile: Profile, sizes: Sequence[int] = PROBE_TOKENS, budget_s: float = PROBE_BUDGET_S
+) -> list[CalibrationSample]:
+    """The probe's samples, sent as the gateway sends them: a prompt predicted to run past
+    the budget is skipped (gateway.fleet.probe_plan)."""
+    samples: list[CalibrationSample] = []
+    elapsed = 0.0
+    for n in (n for n in sizes if n > 0):
+        if not probe_plan.fits(samples, n, elapsed, budget_s):
+            continue
+        ttft = probe_ttft(profile, n)
+        elapsed += ttft
+        if elapsed > budget_s:  # the gateway's timeout: this one is lost, and the rest
+            break
+        samples.append(CalibrationSample(n, ttft))
+    return samples

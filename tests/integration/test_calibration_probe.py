@@ -1,8 +1,9 @@
 """The join probe (gateway/fleet/calibration_probe.py) with real processes: simulated engines
 at two speeds are priced as such before any routed request (configured at startup, and
 added at runtime); with the probe off no probe request reaches an engine; every probe
-prompt carries a cache salt of its own and asks for one token; a probe that never answers
-delays nothing past its timeout and the instance is routed to afterwards."""
+prompt carries a cache salt of its own and asks for one token; a prompt predicted to run past
+the probe's budget is not sent; a probe that never answers delays nothing past its timeout and
+the instance is routed to afterwards."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def test_the_probe_prices_the_slow_engine_slow_before_any_request(
 
 
 # An engine stand-in that records every body posted to it (GET /records) and answers like a
-# chat completion with one token, or never answers (argv[2] == "hang").
+# chat completion with one token, or never answers (argv[2] == "hang"), or answers after 2 ms a
+# word ("slow").
 RECORDER = r"""
 import json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -137,6 +139,8 @@ class Handler(BaseHTTPRequestHandler):
         if sys.argv[2] == "hang":
             time.sleep(3600)
         words = len(body["messages"][0]["content"].split())
+        if sys.argv[2] == "slow":
+            time.sleep(0.002 * words)
         if sys.argv[2] in ("short", "refuse") and words + 1 > SHORT:
             data = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError",
                                          "param": None, "code": 400}}).encode()
@@ -206,6 +210,28 @@ def test_a_size_over_the_engine_context_is_skipped_and_the_others_count(
             assert sent == ([64, 256] if mode == "short" else [64, 1024, 256])
             samples = fleet.admin("stats")["router"]["policy_stats"]["instances"]
             assert "rec" in samples  # the sizes that fit were measured and reached the policy
+        finally:
+            fleet.stop()
+    finally:
+        proc.stop()
+
+
+def test_a_prompt_predicted_past_the_budget_is_not_sent(tmp_path: Path) -> None:
+    """2 ms a word: 1,024 words would take 2 s, but 256 took 0.5 s at about 0.7 s into a
+    2.5 s budget, and 1,024 is predicted at 0.5 x 4 x 1.5 = 3 s: not sent, so the engine is
+    not left computing a prompt the gateway gave up on when routed requests arrive."""
+    proc, url = recorder(tmp_path, "slow")
+    try:
+        sizes = [64, 256, 1024]
+        fleet = gateway(
+            tmp_path,
+            [{"id": "rec", "url": url}],
+            calibration={"probe_tokens": sizes, "probe_timeout_s": 2.5},
+        )
+        try:
+            bodies = httpx.get(f"{url}/records", timeout=10).json()
+            assert [len(b["messages"][0]["content"].split()) for b in bodies[1:]] == [64, 256]
+            assert "rec" in fleet.admin("stats")["router"]["policy_stats"]["instances"]
         finally:
             fleet.stop()
     finally:

@@ -4,6 +4,7 @@ demotion to the shared array and loads from it, determinism, the index being fed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -292,3 +293,13 @@ def test_bench_cluster_runs_many_seeds_with_medians_and_spreads(
 def test_bench_cluster_refuses_a_bad_seed_spec(tmp_path: Path) -> None:
     assert bench_cluster_main(["--trace", "game", "--seeds", "9-3"]) == 2
     assert bench_cluster_main(["--trace", str(tmp_path / "x.jsonl"), "--seeds", "1-2"]) == 2
+
+
+def test_the_simulated_probe_skips_what_the_gateway_would() -> None:
+    """The simulator's probe follows the gateway's rule (gateway.fleet.probe_plan): on an
+    engine so slow that the largest prompt would outlive the budget, it is not taken."""
+    slow = dataclasses.replace(SIMPLE, prefill_per_token_s=4e-3)  # 4,096 tokens: 16 s
+    taken = [s.prompt_tokens for s in probe_samples(slow, (256, 1024, 4096), budget_s=10.0)]
+    fast = [s.prompt_tokens for s in probe_samples(SIMPLE, (256, 1024, 4096), budget_s=10.0)]
+    assert fast == [256, 1024, 4096]
+    assert taken == [256, 1024]
