@@ -114,3 +114,21 @@ def test_overhead_runs_every_transport_and_writes_both_files(tmp_path: Path) -> 
             assert figures["cpu_ms_per_request"] > 0
             assert figures["added_p50_ms"] is not None
     assert "| h1pool | stream |" in out.with_suffix(".md").read_text()
+
+
+def test_idle_reads_each_gateways_cpu_over_the_same_windows(tmp_path: Path) -> None:
+    """`warmgate bench idle` on simulated engines: every window has a figure for every
+    gateway, a live gateway's is above zero (its loops run), and both files are written."""
+    out = tmp_path / "idle"
+    args = [
+        sys.executable, "-m", "gateway.cli", "bench", "idle", "--engines", "sim",
+        "--repeats", "2", "--seconds", "1", "--settle", "1", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert len(result["windows"]) == 2
+    assert all(w["warmgate-ttft"] > 0 for w in result["windows"])
+    summary = result["summary"]["warmgate-ttft"]
+    assert summary["min"] <= summary["median"] <= summary["max"]
+    assert "| warmgate-ttft |" in out.with_suffix(".md").read_text()
