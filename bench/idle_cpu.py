@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from bench.overhead_ab import _commit, start_warmgate
 from bench.peers import REPO, EngineFleet, Fleet, FleetSpec, Gateway, peer_missing, start_gateway
 from bench.procs import sched_s
 from bench.real_fleet import RealFleet, RealFleetSpec
-from bench.report import machine
+from bench.report import machine, write_json_md
 
 
 def _cpu_s(pid: int) -> float:
@@ -141,10 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     result = asyncio.run(run(args, f"warmgate bench idle {argv_text}".strip()))
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(render(result))
-    print(render(result))
+    write_json_md(Path(args.out), result, render(result))
     return 0
 
 

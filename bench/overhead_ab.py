@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -61,7 +60,7 @@ from bench.peers import (
     start_gateway,
 )
 from bench.procs import Proc, sched_s
-from bench.report import machine
+from bench.report import machine, write_json_md
 
 TRANSPORTS = ("h1pool", "aiohttp", "httpx")
 STREAMS = 64
@@ -350,10 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown transport(s) {sorted(unknown)}; known: {', '.join(TRANSPORTS)}")
     command = "warmgate bench overhead " + " ".join(sys.argv[1:] if argv is None else argv)
     result = asyncio.run(run(args, command.strip()))
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(render(result))
-    print(render(result))
+    write_json_md(Path(args.out), result, render(result))
     return 0
 
 

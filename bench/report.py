@@ -13,8 +13,10 @@ they read as the modelled hardware would serve them (the scale is written beside
 
 from __future__ import annotations
 
+import json
 import platform
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,6 +140,13 @@ def summarize(
         **prediction_accuracy(records),
         "gateway_headers": sorted({h for r in records for h in r.gateway_headers}),
     }
+
+
+def write_json_md(out: Path, result: dict[str, Any], markdown: str) -> None:
+    """`<out>.json` (the result) and `<out>.md` (its report), and the report on stdout."""
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
 
 
 def machine() -> dict[str, Any]:
