@@ -18,21 +18,23 @@ from tests.unit.test_transports import Serve, Server
 serve = test_transports.serve  # the loopback-server fixture, shared
 
 
-async def _page(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        await server.read_request(reader)
-        body = b'vllm:num_requests_waiting{engine="0"} 2.0\n'
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        await writer.drain()
-
-
-async def test_gets_read_the_page_over_one_kept_alive_connection(serve: Serve) -> None:
+async def page_server(serve: Serve) -> Server:
+    """A server answering every request on a connection with a one-line metrics page."""
     server: Server
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _page(server, reader, writer)
+        while True:
+            await server.read_request(reader)
+            body = b'vllm:num_requests_waiting{engine="0"} 2.0\n'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
 
     server = await serve(handler)
+    return server
+
+
+async def test_gets_read_the_page_over_one_kept_alive_connection(serve: Serve) -> None:
+    server = await page_server(serve)
     pages = EnginePages(max_connections=2, timeout_s=2.0)
     try:
         for _ in range(3):
@@ -70,12 +72,7 @@ async def test_an_engine_that_never_answers_is_given_up_on_at_the_timeout(serve:
 
 
 async def test_a_page_that_is_not_json_is_a_value_error(serve: Serve) -> None:
-    server: Server
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _page(server, reader, writer)
-
-    server = await serve(handler)
+    server = await page_server(serve)
     pages = EnginePages(max_connections=2, timeout_s=2.0)
     try:
         page = await pages.get(f"http://127.0.0.1:{server.port}/v1/models", 2.0)
