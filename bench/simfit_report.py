@@ -67,15 +67,19 @@ class Ordering:
 
 
 def read_real(paths: Sequence[Path]) -> dict[str, RealFigures]:
-    """Each gateway's figures over the given `bench compare` results files (one a repeat)."""
+    """Each gateway's figures over the given `bench compare` results files: one a repeat, or
+    a `--repeats N` run's file, whose `repeat_rows` are its repeats (its `gateways` are
+    their medians, which would hide the spread)."""
     per: dict[str, list[dict[str, float]]] = {}
     cached: dict[str, list[float]] = {}
     for path in paths:
         try:
-            gateways = json.loads(path.read_text(encoding="utf-8"))["gateways"]
-            for name, g in gateways.items():
-                per.setdefault(name, []).append({p: float(g[f"ttft_{p}_s"]) for p in PERCENTILES})
-                cached.setdefault(name, []).append(float(g.get("cached_token_ratio") or 0.0))
+            data = json.loads(path.read_text(encoding="utf-8"))
+            for gateways in data.get("repeat_rows") or [data["gateways"]]:
+                for name, g in gateways.items():
+                    figures = {p: float(g[f"ttft_{p}_s"]) for p in PERCENTILES}
+                    per.setdefault(name, []).append(figures)
+                    cached.setdefault(name, []).append(float(g.get("cached_token_ratio") or 0.0))
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise RealResultsError(f"{path}: not a bench compare results file ({exc})") from None
     return {n: RealFigures(tuple(r), tuple(cached[n])) for n, r in per.items()}

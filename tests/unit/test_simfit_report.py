@@ -82,3 +82,15 @@ def test_real_results_are_read_per_repeat_and_a_bad_file_is_named(tmp_path: Path
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(RealResultsError, match=r"bad\.json"):
         read_real([tmp_path / "bad.json"])
+
+
+def test_a_repeated_run_is_read_as_its_repeats_not_their_medians(tmp_path: Path) -> None:
+    def row(p50: float) -> dict[str, float]:
+        return {"ttft_p50_s": p50, "ttft_p90_s": 2, "ttft_p99_s": 3, "cached_token_ratio": 0.4}
+
+    (tmp_path / "r.json").write_text(
+        json.dumps({"gateways": {"g": row(2.0)}, "repeat_rows": [{"g": row(1.0)}, {"g": row(4.0)}]})
+    )
+    real = read_real([tmp_path / "r.json"])
+    assert [r["p50"] for r in real["g"].repeats] == [1.0, 4.0]
+    assert real["g"].spread("p50") == 3.0
