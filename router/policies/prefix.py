@@ -12,7 +12,11 @@ SMG's tree per worker is what it routed there (our predict-on-route HBM entries)
 instance itself holds in host memory or snapshots (known from events) count as matched
 too, while the shared array does not, as it is equally reachable from everyone
 (`count_tiers` changes that).
-Ties: least loaded first (then fewer queued prefill tokens), then candidate order.
+Ties among the best-matching instances (`tie_break`): "load", the least loaded first (then
+fewer queued prefill tokens), then candidate order, as smg 1.13 splits a prefix both hold;
+"order", candidate order alone, as sglang-router 0.3.2 does: its tree answers with one
+tenant of the deepest matched node, the first in its map's order, the same one every time,
+so a prefix every worker holds (a game's world state) keeps going to one worker.
 """
 
 from __future__ import annotations
@@ -39,9 +43,13 @@ class PrefixPolicy(Policy):
         balance_rel_threshold: float = 1.5,
         fallback: str = "least_load",
         count_tiers: Iterable[Tier] = DEFAULT_COUNT_TIERS,
+        tie_break: str = "load",
     ) -> None:
         if fallback not in ("least_load", "smallest_tree"):
             raise PolicyConfigError("fallback must be 'least_load' or 'smallest_tree'")
+        if tie_break not in ("load", "order"):
+            raise PolicyConfigError("tie_break must be 'load' or 'order'")
+        self.tie_break = tie_break
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -76,7 +84,10 @@ class PrefixPolicy(Policy):
 
         total = len(request.block_hashes)
         matched = {v.id: self._matched(v) for v in candidates}
-        ranked = sorted(candidates, key=lambda v: (-matched[v.id], load_key(v)))
+        if self.tie_break == "order":  # a stable sort keeps candidate order among equals
+            ranked = sorted(candidates, key=lambda v: -matched[v.id])
+        else:
+            ranked = sorted(candidates, key=lambda v: (-matched[v.id], load_key(v)))
         best = ranked[0]
         rate = matched[best.id] / total if total else 0.0
         if rate > self.cache_threshold:

@@ -89,6 +89,19 @@ def test_prefix_best_match_above_threshold() -> None:
     assert {c.instance for c in d.candidates} == {"a", "b"}
 
 
+def test_prefix_ties_among_best_matches_by_load_or_by_order() -> None:
+    hit = {Tier.HBM: 6}
+    both = [view("a", 3, matched=hit), view("b", 1, matched=hit), view("c", 0)]
+    assert PrefixPolicy().choose(req(10), both).instance == "b"  # smg: the less loaded
+    # sglang-router 0.3.2: the same tenant of the shared node every time, however loaded
+    by_order = PrefixPolicy(tie_break="order")
+    assert by_order.choose(req(10), both).instance == "a"
+    deeper = [view("a", 3, matched=hit), view("b", 1, matched={Tier.HBM: 7})]
+    assert by_order.choose(req(10), deeper).instance == "b"  # the deeper match still wins
+    with pytest.raises(PolicyConfigError, match="tie_break"):
+        PrefixPolicy(tie_break="random")
+
+
 def test_prefix_at_threshold_goes_least_loaded() -> None:
     p = PrefixPolicy()
     # 3 of 10 = 0.3, not > 0.3
