@@ -16,7 +16,11 @@ vllm --scale cpu-overflow --tiers` run, and the simulation of them all (`bench s
   --balance-rel-threshold 1.5`, the tuned peers' flags (bench.peers).
 - `round-robin` (engines alone, the measurement's replay): `round_robin` on bare engines.
 
-What is not modelled: both peers match characters of the request's text, not blocks.
+Both peers route by a tree of what they sent where: no engine tells them what it evicted
+(their trees are trimmed by size every 120 s, not within a run). They are simulated with
+predict-on-route alone (`routed_tree`: no residency events), so a prefix once sent to a
+worker matches there for the rest of the run. What is not modelled: they match characters
+of the request's text, not blocks.
 """
 
 from __future__ import annotations
@@ -40,30 +44,42 @@ class SimCase:
     policy: str
     tiers: bool = False
     params: dict[str, Any] = field(default_factory=dict)
+    routed_tree: bool = False  # the index knows only what was routed, never evictions
 
     def describe(self) -> str:
         extra = ", ".join(f"{k} {v}" for k, v in self.params.items())
         tiers = " + host tier and array (connector loads)" if self.tiers else ", bare"
-        return f"`{self.policy}`{tiers}" + (f" ({extra})" if extra else "")
+        tree = ", routed tree" if self.routed_tree else ""
+        return f"`{self.policy}`{tiers}{tree}" + (f" ({extra})" if extra else "")
 
 
 CASES: dict[str, SimCase] = {
     "warmgate-ttft": SimCase("ttft", tiers=True),
     "warmgate-ttft-bare": SimCase("ttft"),
-    "smg": SimCase("prefix"),
-    "sglang-router": SimCase("prefix", params=dict(ORDER)),
-    "smg-tuned": SimCase("prefix", params=dict(TUNED)),
-    "sglang-router-tuned": SimCase("prefix", params={**TUNED, **ORDER}),
+    "smg": SimCase("prefix", routed_tree=True),
+    "sglang-router": SimCase("prefix", params=dict(ORDER), routed_tree=True),
+    "smg-tuned": SimCase("prefix", params=dict(TUNED), routed_tree=True),
+    "sglang-router-tuned": SimCase("prefix", params={**TUNED, **ORDER}, routed_tree=True),
     "round-robin": SimCase("round_robin"),
 }
 
 
 def fleet_config(
-    profile: str, kv_capacity_tokens: int, kv_bytes_per_token: int, block_tokens: int, tiers: bool
+    profile: str,
+    kv_capacity_tokens: int,
+    kv_bytes_per_token: int,
+    block_tokens: int,
+    tiers: bool,
+    routed_tree: bool = False,
 ) -> ClusterConfig:
-    """Two engines as bench compare starts them, with or without tierd."""
+    """Two engines as bench compare starts them, with or without tierd; `routed_tree`: the
+    gateway's index is fed by its own routing alone (the peers' trees)."""
     bare = ClusterConfig(
-        instances=2, block_tokens=block_tokens, l1_tokens=kv_capacity_tokens, profile=profile
+        instances=2,
+        block_tokens=block_tokens,
+        l1_tokens=kv_capacity_tokens,
+        profile=profile,
+        residency_events=not routed_tree,
     )
     if not tiers:
         return bare
@@ -95,7 +111,12 @@ def simulate(
         figures = next((f for c, f in runs if c == case), None)
         if figures is None:
             config = fleet_config(
-                profile, kv_capacity_tokens, kv_bytes_per_token, block_tokens, case.tiers
+                profile,
+                kv_capacity_tokens,
+                kv_bytes_per_token,
+                block_tokens,
+                case.tiers,
+                case.routed_tree,
             )
             figures = run_policy(trace, config, case.policy, dict(case.params) or None)
             runs.append((case, figures))
