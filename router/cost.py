@@ -145,6 +145,9 @@ class Prediction(NamedTuple):
     prefill_s: float  # own prefill, decode interference included
     compute_s: float  # uncalibrated GPU time (queue + prefill), what calibration scales
     work_s: float = 0.0  # GPU time this request adds to the instance (calibrated)
+    # waiting for one of the engine's running-sequence slots (max_num_seqs) to free up,
+    # which decode speed sets, not prefill: not scaled by the calibrated speed factor
+    slot_wait_s: float = 0.0
 
     def imposed_delay_s(self, arrivals_per_s: float) -> float:
         """First-order delay this request's GPU work w imposes on later arrivals at the same
@@ -158,6 +161,7 @@ class Prediction(NamedTuple):
             "queue_wait_s": self.queue_wait_s,
             "load_s": self.load_s,
             "prefill_s": self.prefill_s,
+            "slot_wait_s": self.slot_wait_s,
         }
 
 
@@ -426,6 +430,9 @@ class TtftCostModel:
             m.ctx_mean = ctx if m.samples == 0 else m.ctx_mean + a * (ctx - m.ctx_mean)
             m.samples += 1
         if ttft_s is None or prediction is None or prediction.compute_s <= 0.0:
+            return
+        if prediction.slot_wait_s > 0.0:
+            # a wait for a running slot is decode's doing: its error says nothing of k
             return
         x = prediction.compute_s
         # what the prediction would have been at k = 1: TTFT minus the load left visible

@@ -71,6 +71,8 @@ def run_policy(
         params.setdefault("clock", clock)
         # what a deployment reads from its engines' cache_config_info: HBM KV per instance
         params.setdefault("kv_capacity_tokens", config.l1_tokens)
+        # and its engines' running-sequence cap (vLLM's --max-num-seqs, its launch flag)
+        params.setdefault("max_num_seqs", get_profile(config.profile).max_num_seqs)
     registry = default_registry()
     built = registry.create(policy, **params)
     hinted = HintedSimulator(config, built, clock, hints=hints) if hints and hints.any else None

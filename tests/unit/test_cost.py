@@ -37,7 +37,7 @@ def test_uncached_prefill_follows_the_profile() -> None:
     assert pred.queue_wait_s == 0.0 and pred.load_s == 0.0
     assert pred.prefill_s == pytest.approx(expected)
     assert pred.ttft_s == pytest.approx(expected)
-    assert set(pred.parts()) == {"queue_wait_s", "load_s", "prefill_s"}
+    assert set(pred.parts()) == {"queue_wait_s", "load_s", "prefill_s", "slot_wait_s"}
 
 
 def test_cached_tokens_cut_prefill_and_queue_adds_wait() -> None:

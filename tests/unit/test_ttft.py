@@ -10,6 +10,7 @@ import pytest
 
 from contracts.tiers import Tier
 from router.cost import CostParams, TtftCostModel
+from router.errors import PolicyConfigError
 from router.policies.base import CalibrationSample, InstanceView, Outcome
 from router.policies.registry import default_registry
 from router.policies.ttft import TtftPolicy
@@ -88,7 +89,7 @@ def test_picks_the_cached_instance_when_that_is_cheap() -> None:
     assert set(scores) == {"a", "b", "c"}
     for c in d.candidates:
         assert c.predicted_ttft_s is not None
-        assert set(c.parts) == {"queue_wait_s", "load_s", "prefill_s"}
+        assert set(c.parts) == {"queue_wait_s", "load_s", "prefill_s", "slot_wait_s"}
         assert c.predicted_ttft_s >= c.parts["prefill_s"]
     assert scores["b"].predicted_ttft_s < scores["a"].predicted_ttft_s  # type: ignore[operator]
     assert d.predicted_ttft_s == scores["b"].predicted_ttft_s
@@ -113,6 +114,42 @@ def test_load_cap_keeps_a_hot_prefix_from_hot_spotting() -> None:
     assert d.instance in {"a", "c"}
     assert "load cap" in d.reason
     assert d.fallbacks[-1] == "b"
+
+
+def test_a_request_waits_for_a_running_slot_where_every_one_is_taken() -> None:
+    """At max_num_seqs sequences in flight, a request waits for running ones to finish, at
+    the instance's completion rate; the cached instance's full slot table sends it away,
+    and a wait that is everywhere (no free slot anywhere) is not priced."""
+    now = [0.0]
+    policy = TtftPolicy(clock=lambda: now[0], max_num_seqs=4, **UNGUARDED)  # type: ignore[arg-type]
+    views = [_view("a", l1=280, in_flight=5), _view("b", in_flight=1)]
+    d = policy.choose(_req(), views)
+    parts = {c.instance: c.parts for c in d.candidates}
+    assert parts["b"]["slot_wait_s"] == 0.0
+    # nothing finished on a yet: a slot frees at the floor of one a rate window (30 s)
+    assert parts["a"]["slot_wait_s"] == pytest.approx(2 * 30.0)
+    assert d.instance == "b"
+    k_before = policy.model.speed_factor("a")
+    for _ in range(200):  # a finishes one every 0.5 s, for 100 s
+        decided = policy.choose(_req(), views)
+        now[0] += 0.5
+        policy.observe(Outcome("a", _req().prompt_tokens, 280 * BT, 0.1, decision=decided))
+    # a TTFT shorter than the slot wait predicted says nothing of prefill speed
+    assert policy.model.speed_factor("a") == k_before
+    d = policy.choose(_req(), views)
+    wait = {c.instance: c.parts["slot_wait_s"] for c in d.candidates}["a"]
+    assert wait == pytest.approx(2 / 2.0, rel=0.05)  # two to finish, at 2 a second
+    assert d.instance == "a"  # its cache now wins over a second's wait
+    # every slot taken everywhere, under the cap, or no cap (the default): nothing priced
+    everywhere = [_view("a", l1=280, in_flight=5), _view("b", in_flight=4)]
+    for policy_, views_ in (
+        (policy, everywhere),
+        (TtftPolicy(clock=Clock(), max_num_seqs=6), views),
+        (TtftPolicy(clock=Clock()), views),
+    ):
+        assert all(c.parts["slot_wait_s"] == 0.0 for c in policy_.choose(_req(), views_).candidates)
+    with pytest.raises(PolicyConfigError, match="max_num_seqs"):
+        TtftPolicy(max_num_seqs=0)
 
 
 def test_near_ties_follow_the_session() -> None:
