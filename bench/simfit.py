@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true", help="start two real engines and measure")
     p.add_argument("--replay-seed", type=int, default=None, help="--measure: replay this seed")
     p.add_argument(
+        "--replay-first",
+        action="store_true",
+        help="--measure: the replay before the other phases, on engines as fresh as a bench "
+        "compare run's (by default it comes last, after some 4 minutes of them)",
+    )
+    p.add_argument(
         "--measured", default=None, help="measurements written by --measure (comma-separated)"
     )
     p.add_argument("--profile", default="vllm-cpu-tiny", help="the fitted profile's name")
@@ -180,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.measure:
         from bench.simfit_measure import measure_to  # starts real engines: only when asked
 
-        measured = measure_to(REPO / out_dir / "measure.json", args.replay_seed)
+        measured = measure_to(REPO / out_dir / "measure.json", args.replay_seed, args.replay_first)
         where = str(out_dir / "measure.json")
     elif args.measured:
         files = _paths(args.measured)

@@ -154,9 +154,13 @@ async def _phase(name: str, engines: list[EngineClient], body: Any, out: dict[st
 
 
 async def measure(
-    engines: list[EngineClient], text: TextSource, replay_seed: int | None
+    engines: list[EngineClient],
+    text: TextSource,
+    replay_seed: int | None,
+    replay_first: bool = False,
 ) -> dict[str, Any]:
-    """Every phase on `engines` (two), in order; returns the raw samples."""
+    """Every phase on `engines` (two), in order (the replay first with `replay_first`: on
+    engines as fresh as a `bench compare` run's); returns the raw samples."""
     out: dict[str, Any] = {}
     one = engines[0]
 
@@ -206,6 +210,8 @@ async def measure(
 
     phases = (("cold", cold), ("cached", cached), ("paired", paired), ("decode", decode),
               ("batch", batch), ("replay", replay))  # fmt: skip
+    if replay_first:
+        phases = phases[-1:] + phases[:-1]
     for name, body in phases:
         if name != "replay" or replay_seed is not None:
             await _phase(name, engines, body, out)
@@ -227,15 +233,17 @@ async def replay_game(engines: list[EngineClient], seed: int) -> list[dict[str, 
     return list(await asyncio.gather(*(one(i, it) for i, it in enumerate(items))))
 
 
-def measure_to(out_path: Path, replay_seed: int | None = None) -> dict[str, Any]:
+def measure_to(
+    out_path: Path, replay_seed: int | None = None, replay_first: bool = False
+) -> dict[str, Any]:
     """`run_measure`, its result written to `out_path` (JSON)."""
-    result = asyncio.run(run_measure(replay_seed))
+    result = asyncio.run(run_measure(replay_seed, replay_first))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
-async def run_measure(replay_seed: int | None = None) -> dict[str, Any]:
+async def run_measure(replay_seed: int | None = None, replay_first: bool = False) -> dict[str, Any]:
     """Start the engines, warm them (as bench compare does), measure, stop them."""
     spec = RealFleetSpec(instances=2, num_gpu_blocks=OVERFLOW_DEFAULTS["engine_kv_blocks"])
     workdir = Path(tempfile.mkdtemp(prefix="wg-fit-"))
@@ -247,7 +255,7 @@ async def run_measure(replay_seed: int | None = None) -> dict[str, Any]:
             engines = [EngineClient(client, url, fleet.model) for url in fleet.engines.values()]
             for e in engines:  # a second warm-up of the probe's own shape, untimed
                 await e.chat(TextSource(1).prose(400), _salt(), 1)
-            phases = await measure(engines, TextSource(2026), replay_seed)
+            phases = await measure(engines, TextSource(2026), replay_seed, replay_first)
     finally:
         await fleet.stop()
     result = {
@@ -262,6 +270,7 @@ async def run_measure(replay_seed: int | None = None) -> dict[str, Any]:
         "wall_s": time.time() - started,
         "cpus": os.cpu_count(),
         "replay_seed": replay_seed,
+        "replay_first": replay_first,
         "phases": phases,
     }
     return result
