@@ -19,12 +19,10 @@ For every candidate the cost model (`router.cost`) predicts
 `ttft = queue_wait + load + prefill`: the queued prefill work ahead of it, the part of the
 tier loads (bytes of matched host / array / snapshot blocks / that tier's bandwidth) a prefetch
 cannot hide behind the queue, and the prefill of the uncached part, all scaled by the
-instance's speed as calibrated from observed TTFTs. An engine runs at most `max_num_seqs`
-sequences at once (vLLM's flag); a request arriving at an instance with that many or more
-in flight waits for a running one to finish before its prefill can start, so the
-prediction adds `slot_wait = (in_flight - max_num_seqs + 1) / completions per second` there
-(the instance's completion rate over `rate_window_s`: decode speed, which no prefill
-calibration sees). Only while some instance has a free slot: when all are full the wait is
+instance's speed as calibrated from observed TTFTs. With `max_num_seqs` given (the engines'
+flag), an instance with that many or more in flight adds the wait for a running slot
+(`router.slot_waits`: `(in_flight - max_num_seqs + 1) / completions per second` over
+`rate_window_s`). Only while some instance has a free slot: when all are full the wait is
 everywhere, and pricing it there too moved work off its cache (Mooncake at twice its rate
 went to p99 1.8x prefix's). Each candidate is scored
 
@@ -97,13 +95,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from router.cost import ArrivalRate, CostParams, Prediction, ReuseBudget, TtftCostModel
+from router.cost import ArrivalRate, CostParams, ReuseBudget, TtftCostModel
 from router.errors import PolicyConfigError
 from router.footprints import SessionFootprints
 from router.policies.base import CalibrationSample, InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
 from router.policies.ttft_guard import GuardRule, TrustGuard
 from router.policies.ttft_records import Pending, Scored, explain, tie_key
+from router.slot_waits import SlotWaits
 from router.types import (
     Decision,
     LazyCandidates,
@@ -171,8 +170,6 @@ class TtftPolicy(Policy):
             raise PolicyConfigError("load_cap must be >= 1")
         if kv_capacity_tokens is not None and kv_capacity_tokens <= 0:
             raise PolicyConfigError("kv_capacity_tokens must be positive")
-        if max_num_seqs is not None and max_num_seqs <= 0:
-            raise PolicyConfigError("max_num_seqs must be positive")
         base = cost_params(params)
         if bandwidths is not None:
             base = dataclasses.replace(base, bandwidths={**base.bandwidths, **bandwidths})
@@ -188,11 +185,8 @@ class TtftPolicy(Policy):
             reuse_budget, reuse_step, price_max=reuse_price_max, burst_prompts=reuse_burst_prompts
         )
         self._arrivals = ArrivalRate(rate_window_s)
-        # running-sequence slots per engine (None: unbounded), and each instance's completions
-        # per second, which is how fast a slot frees up once all are taken
-        self.max_num_seqs = max_num_seqs
-        self._rate_window_s = rate_window_s
-        self._completions: dict[str, ArrivalRate] = {}
+        # the engines' running-sequence slots (None: unbounded, no wait priced)
+        self.slots = SlotWaits(max_num_seqs, rate_window_s) if max_num_seqs is not None else None
         self._clock = clock
         self.saturated_decisions = 0
         # KV capacity per instance, in tokens: the default for all, or what each reported
@@ -264,10 +258,10 @@ class TtftPolicy(Policy):
         # the hot loop of the default policy: attribute lookups hoisted, builtins avoided
         predict = self.model.predict
         prompt = request.prompt_tokens
-        slots = self.max_num_seqs
         now = self._clock()
-        # a wait for a slot is priced only while some instance has one free (see the top)
-        slot_free = slots is not None and any(v.in_flight < slots for v in candidates)
+        slots = self.slots
+        if slots is not None and not slots.any_free(candidates):
+            slots = None  # every slot taken everywhere: the wait is not priced (see the top)
         scored: list[Scored] = []
         most = 0  # the most any instance under the load cap has cached
         cached_anywhere = 0  # the most any instance has cached
@@ -281,8 +275,8 @@ class TtftPolicy(Policy):
                 in_flight=v.in_flight,
                 queued_prefill_tokens=v.queued_prefill_tokens,
             )
-            if slot_free and slots is not None and v.in_flight >= slots:
-                pred = self._wait_for_slot(pred, v.id, v.in_flight - slots + 1, now)
+            if slots is not None and (wait := slots.wait_s(v.id, v.in_flight, now)) > 0.0:
+                pred = pred._replace(ttft_s=pred.ttft_s + wait, slot_wait_s=wait)
             cached = sum(tiers.values()) if tiers else 0
             if cached > cached_anywhere:
                 cached_anywhere = cached
@@ -313,15 +307,6 @@ class TtftPolicy(Policy):
             s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
         return scored, allowed, saturated, now
-
-    def _wait_for_slot(self, pred: Prediction, instance: str, ahead: int, now: float) -> Prediction:
-        """`pred` with the wait until `ahead` of the instance's running sequences finish: at
-        its recent completion rate (at least one a `rate_window_s`, before any is seen)."""
-        meter = self._completions.get(instance)
-        floor = 1.0 / self._rate_window_s
-        rate = max(meter.rate(now), floor) if meter is not None else floor
-        wait = ahead / rate
-        return pred._replace(ttft_s=pred.ttft_s + wait, slot_wait_s=wait)
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
         """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`
@@ -410,10 +395,8 @@ class TtftPolicy(Policy):
         )
         if pred is not None and outcome.ttft_s is not None:
             self.guard.record(outcome.instance, outcome.ttft_s, pred.ttft_s)
-        meter = self._completions.get(outcome.instance)
-        if meter is None:
-            meter = self._completions[outcome.instance] = ArrivalRate(self._rate_window_s)
-        meter.tick(self._clock())
+        if self.slots is not None:
+            self.slots.record_finish(outcome.instance, self._clock())
         self.model.observe(
             outcome.instance,
             prompt_tokens=outcome.prompt_tokens,
