@@ -13,6 +13,11 @@ Algorithm:
      (1 - e^-err(P))` (C's predicted TTFT as late as its error band allows, P's as early);
    - no worse for the request itself: C's own predicted TTFT is at most P's plus
      `robust_added_wait_s` (0 by default).
+   The first test also passes (`own_gain`, the default) when the request's own gain is
+   robust and the scoring prefers C: `ttft(C) x e^err(C) < ttft(P) x e^-err(P)` and
+   `score(C) < score(P)`. The error band is a band on TTFT; the score's other terms are
+   prices, and a price that nearly cancels a robust gain of seconds (the reuse price in a
+   burst) must not send the request to the queue the band says is slower.
    Otherwise the choice is the best-scored candidate that passes both, else P.
 So before enough outcomes the request goes where `prefix` would send it; with exact
 predictions (error 0) the scoring decides alone, and the larger the error, the larger the
@@ -65,6 +70,7 @@ class TrustGuard:
         max_added_wait_s: float = 1.0,
         robust_added_wait_s: float = 0.0,
         rule: GuardRule = "robust",
+        own_gain: bool = True,
     ) -> None:
         if (
             trust_error <= 0
@@ -83,6 +89,7 @@ class TrustGuard:
         self.max_added_wait_s = max_added_wait_s
         self.robust_added_wait_s = robust_added_wait_s
         self.rule = rule
+        self.own_gain = own_gain
         self.baseline = PrefixPolicy()
         self.error: dict[str, float] = {}  # EWMA of |log(observed / predicted TTFT)|
         self.observed: dict[str, int] = {}  # outcomes paired with a prediction
@@ -151,7 +158,13 @@ class TrustGuard:
             if s.pred.ttft_s > base.pred.ttft_s + self.robust_added_wait_s:
                 return False
             e = self.error.get(s.view.id, 0.0)
-            return s.score + s.pred.ttft_s * (math.exp(e) - 1.0) < best_case_base
+            if s.score + s.pred.ttft_s * (math.exp(e) - 1.0) < best_case_base:
+                return True
+            return (
+                self.own_gain
+                and s.score < base.score
+                and s.pred.ttft_s * math.exp(e) < base.pred.ttft_s * math.exp(-e_base)
+            )
 
         if eligible(chosen):
             return None

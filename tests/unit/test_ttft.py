@@ -199,11 +199,13 @@ def test_observed_ttfts_calibrate_the_prediction() -> None:
     assert abs(after - 3.0 * before) < 0.1 * before
 
 
-def test_a_saturated_fleet_keeps_the_cache() -> None:
+def test_a_saturated_fleet_keeps_the_cache_when_a_move_gains_less_than_it_adds() -> None:
     policy = _policy()
-    # every queue is longer than recomputing the prompt: moving would only add work
+    # every queue is longer than recomputing the prompt, and a's is shorter than b's by
+    # less than twice the 280 blocks it would recompute (a predicted 0.4 s faster, its
+    # recompute charged once more for those behind it slower): moving would only add work
     views = [
-        _view("a", in_flight=6, queued=300_000),
+        _view("a", in_flight=6, queued=580_000),
         _view("b", l1=280, in_flight=6, queued=600_000),
     ]
     d = policy.choose(_req(), views)
@@ -211,6 +213,26 @@ def test_a_saturated_fleet_keeps_the_cache() -> None:
     assert "saturated" in d.reason
     scores = {c.instance: c for c in d.candidates}
     assert scores["a"].predicted_ttft_s < scores["b"].predicted_ttft_s  # type: ignore[operator]
+
+
+# saturated, but far apart: b holds the prompt behind twice a's queue (a burst on b)
+BURST = [
+    _view("a", in_flight=6, queued=300_000),
+    _view("b", l1=280, in_flight=6, queued=600_000),
+]
+
+
+def test_a_saturated_fleet_leaves_a_long_queue_for_a_much_shorter_one() -> None:
+    d = _policy().choose(_req(), BURST)
+    assert d.instance == "a"
+    assert "saturated" in d.reason
+
+
+def test_a_hard_saturated_budget_keeps_the_cache_whatever_the_queues() -> None:
+    d = _policy(saturated_budget="hard").choose(_req(), BURST)
+    assert d.instance == "b"
+    with pytest.raises(PolicyConfigError, match="saturated_budget"):
+        _policy(saturated_budget="soft")
 
 
 def _fill(policy: TtftPolicy, instance: str, tokens: int, session: str = "resident") -> None:

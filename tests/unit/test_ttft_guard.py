@@ -166,3 +166,25 @@ def test_the_robust_rule_deviates_only_when_the_error_band_cannot_undo_the_gain(
     assert policy.choose(_req(), CLOSE).instance == "b"  # too few outcomes yet
     _observe(policy, 40, off_by=off_by)
     assert policy.choose(_req(), CLOSE).instance == expected
+
+
+@pytest.mark.parametrize(("own_gain", "expected"), [(True, "a"), (False, "b")])
+def test_a_robust_gain_of_the_request_itself_stands_against_a_price(
+    own_gain: bool, expected: str
+) -> None:
+    """Predictions off by 0.3 on both: a is predicted 23 s, prefix's b 47 s, so even a's
+    late end (x e^0.3) beats b's early end (x e^-0.3). a's score also carries 5 s of KV it
+    would push out of a full HBM, a price the error band does not widen: the score test
+    alone keeps b; with `own_gain` (the default) a robust gain for the request and a
+    lower score are enough."""
+    views = [_view("a"), _view("b", l1=280, in_flight=6, queued=35_000)]
+    assert PrefixPolicy().choose(_req(), views).instance == "b"
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, robust_own_gain=own_gain)
+    _observe(policy, 40, off_by=1.35)
+    policy.set_kv_capacity("a", 1000)
+    policy.footprints.record("resident", "a", 5000, 1e9)  # a's HBM is its sessions' already
+    d = policy.choose(_req(), views)
+    assert d.instance == expected
+    scores = {c.instance: c.score_terms for c in d.candidates}
+    assert scores["a"]["kv_pushed_out_s"] > 4.0
+    assert scores["a"]["score"] < scores["b"]["score"]
