@@ -36,7 +36,13 @@ from typing import Any
 import httpx
 
 from bench.peers import start_gateway
-from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
+from bench.real_fleet import (
+    VLLM_BODY_EXTRA,
+    RealFleetSpec,
+    add_step_option,
+    real_fleet_with_gateway,
+    step_engine_args,
+)
 from bench.replay import RequestRecord, send_one
 from bench.report import pct
 
@@ -156,8 +162,7 @@ async def arm_run(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    step = args.max_num_batched_tokens
-    engine_args = ("--max-num-batched-tokens", str(step)) if step else ()
+    engine_args = step_engine_args(args.max_num_batched_tokens)
     spec = RealFleetSpec(instances=1, scheduling_policy="priority", engine_args=engine_args)
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
@@ -234,13 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interactive-tokens", type=int, default=8)
     p.add_argument("--background-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        help="vLLM's token budget a step (default: the engine's): a smaller one shortens the "
-        "step an interactive line that arrives mid-prefill waits for",
-    )
+    add_step_option(p)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if min(args.seconds, args.interactive_rate, args.background_factor, args.repeats) <= 0:

@@ -14,6 +14,7 @@ gateway, then every engine's process tree, are stopped and the logs copied.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import secrets
@@ -60,11 +61,39 @@ class RealFleetSpec:
     # the engines' own spans (vLLM's, tierd's connector's): (url, protocol) as
     # FleetConfig.otlp_traces; `bench compare --breakdown`
     otlp_traces: tuple[str, str] | None = None
-    # more vLLM flags for every engine (bench.priority_real's --max-num-batched-tokens)
+    # more vLLM flags for every engine (`step_engine_args`: bench.priority_real, warm_real)
     engine_args: tuple[str, ...] = ()
     # every process of an engine on its core (FleetConfig.pin_tree; None: where the machine
     # has no core to spare); `bench compare --pin-engines on|off|auto`
     pin_engines: bool | None = None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens, not {text}")
+    return value
+
+
+def add_step_option(parser: argparse.ArgumentParser) -> None:
+    """`--max-num-batched-tokens`, for the benches whose figure is a line's wait for a step."""
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=None,
+        help="vLLM's token budget a step (default: the engine's): a smaller one shortens the "
+        "step a line that arrives mid-prefill waits for",
+    )
+
+
+def step_engine_args(max_num_batched_tokens: int | None) -> tuple[str, ...]:
+    """The vLLM flags of `add_step_option`'s value (none for the engine's default)."""
+    if max_num_batched_tokens is None:
+        return ()
+    return ("--max-num-batched-tokens", str(max_num_batched_tokens))
 
 
 def engine_block_size(metrics_text: str) -> int | None:

@@ -21,14 +21,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.real_fleet import VLLM_BODY_EXTRA, RealFleetSpec, real_fleet_with_gateway
+from bench.real_fleet import (
+    VLLM_BODY_EXTRA,
+    RealFleetSpec,
+    add_step_option,
+    real_fleet_with_gateway,
+    step_engine_args,
+)
 from bench.warm_ab import Target, run
 
 GATEWAY = "warmgate-ttft"
 
 
 async def rounds(args: argparse.Namespace) -> dict[str, Any]:
-    spec = RealFleetSpec(instances=args.instances, kv_cache_gib=args.kv_cache_gib)
+    spec = RealFleetSpec(
+        instances=args.instances,
+        kv_cache_gib=args.kv_cache_gib,
+        engine_args=step_engine_args(args.max_num_batched_tokens),
+    )
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
         assert gw is not None and fleet.block_size is not None
@@ -100,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--order", default="on,off,off,on", help="rounds, warms on or off")
+    add_step_option(p)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if any(a not in ("on", "off") for a in args.order.split(",")):
