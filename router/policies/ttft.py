@@ -106,7 +106,7 @@ from router.errors import PolicyConfigError
 from router.footprints import SessionFootprints
 from router.policies.base import CalibrationSample, InstanceView, Outcome, Policy
 from router.policies.scoring import cached_tokens_by_tier
-from router.policies.ttft_guard import GuardRule, TrustGuard
+from router.policies.ttft_guard import GuardRule, TrustGuard, UnearnedBand
 from router.policies.ttft_records import Pending, Scored, explain, tie_key
 from router.slot_waits import SlotWaits
 from router.types import (
@@ -171,6 +171,8 @@ class TtftPolicy(Policy):
         guard_rule: GuardRule = "robust",
         saturated_budget: SaturatedBudget = "unless_faster",
         robust_own_gain: bool = True,
+        unearned_band: UnearnedBand = "none",
+        prior_error: float = 1.0,
     ) -> None:
         if saturated_budget not in ("hard", "unless_faster"):
             raise PolicyConfigError(
@@ -216,6 +218,8 @@ class TtftPolicy(Policy):
             robust_added_wait_s=robust_added_wait_s,
             rule=guard_rule,
             own_gain=robust_own_gain,
+            unearned_band=unearned_band,
+            prior_error=prior_error,
         )
 
     def trust(self, instance: str) -> float:

@@ -10,10 +10,11 @@ import math
 import pytest
 
 from contracts.tiers import Tier
+from router.errors import PolicyConfigError
 from router.policies.base import InstanceView, Outcome
 from router.policies.prefix import PrefixPolicy
 from router.policies.ttft import TtftPolicy
-from router.policies.ttft_guard import GuardRule
+from router.policies.ttft_guard import GuardRule, UnearnedBand
 from router.policies.ttft_records import Pending
 from router.types import RouteRequest
 
@@ -84,6 +85,72 @@ def test_follows_prefix_before_it_has_enough_outcomes(rule: GuardRule) -> None:
     _observe(policy, 19, off_by=1.0)
     assert policy.trust("a") == 0.0  # one short
     assert policy.choose(_req(), QUEUED).instance == "b"
+
+
+# b holds the prompt with 100k tokens of prefill queued: about 25 s predicted there against
+# 5 s on the idle a, a gain of 5x, inside the robust rule's prior bands (e^2, about 7.4x)
+MODEST = [_view("a"), _view("b", l1=280, in_flight=6, queued=100_000)]
+
+
+def test_a_prior_band_follows_prefix_at_first_and_narrows_with_outcomes() -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, unearned_band="prior")
+    assert policy.guard.band("a") == pytest.approx(1.0)  # the prior, nothing observed
+    d = policy.choose(_req(), MODEST)
+    assert d.instance == "b" and "guarded" in d.reason
+    for _ in range(10):  # exact predictions, on both instances
+        d = policy.choose(_req(), MODEST)
+        assert isinstance(d.pending, Pending)
+        for instance in ("a", "b"):
+            predicted = d.pending.predictions[instance].ttft_s
+            policy.observe(
+                Outcome(
+                    instance=instance,
+                    prompt_tokens=_req().prompt_tokens,
+                    predicted_cached_tokens=d.pending.cached[instance],
+                    ttft_s=predicted,
+                    decision=d,
+                )
+            )
+    assert policy.guard.band("a") == pytest.approx(0.5)  # half way from the prior to 0
+    assert policy.choose(_req(), MODEST).instance == "a"
+
+
+@pytest.mark.parametrize("unearned", ["none", "prior"])
+def test_an_instance_prefix_never_picks_can_be_chosen_only_with_a_prior_band(
+    unearned: UnearnedBand,
+) -> None:
+    # prefix sends everything to b, so a never gets an outcome of its own; without a prior
+    # band it stays unchoosable for good (two real engines with tierd: 106 of 129 on one)
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, unearned_band=unearned)
+    for _ in range(30):
+        d = policy.choose(_req(), QUEUED)
+        assert isinstance(d.pending, Pending)
+        policy.observe(
+            Outcome(
+                instance="b",
+                prompt_tokens=_req().prompt_tokens,
+                predicted_cached_tokens=d.pending.cached["b"],
+                ttft_s=d.pending.predictions["b"].ttft_s * math.exp(0.2),
+                decision=d,
+            )
+        )
+    assert policy.guard.observed.get("a", 0) == 0
+    assert policy.guard.band("b") == pytest.approx(0.2, abs=0.01)
+    if unearned == "none":
+        assert policy.guard.band("a") is None
+        assert policy.choose(_req(), QUEUED).instance == "b"  # 151 s predicted against 5
+        return
+    # a borrows b's earned error as its band: 0.2, not the prior's 1.0
+    assert policy.guard.band("a") == pytest.approx(policy.guard.band("b"))
+    assert policy.choose(_req(), MODEST).instance == "a"
+    assert policy.choose(_req(), QUEUED).instance == "a"
+
+
+def test_a_bad_prior_band_setting_is_refused() -> None:
+    with pytest.raises(PolicyConfigError, match="prior_error"):
+        TtftPolicy(prior_error=-0.1)
+    with pytest.raises(PolicyConfigError, match="unearned_band"):
+        TtftPolicy(unearned_band="always")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("rule", ["trust", "robust"])
