@@ -34,6 +34,7 @@ BLOCK_TOKENS = 128  # the CPU engine's block size
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ttft": {
         "prior": {"unearned_band": "prior"},
+        "fixed": {"unearned_band": "fixed"},
         "hard": {"saturated_budget": "hard", "robust_own_gain": False},
     },
 }

@@ -25,13 +25,14 @@ Algorithm:
    shrunk towards a prior, `(k x e_i + (n - k) x prior) / n` after k outcomes of mean error
    e_i, the prior being the largest error among instances with n outcomes, else
    `prior_error` (1.0: off by a factor e either way), so at the start a deviation needs a
-   predicted gain of about e^2 (7x). Why it exists: an instance P never picks never earns
-   its outcomes. On two real vLLM engines with tierd (seed 103) P, whose balance thresholds
-   are for large fleets, kept 106 of 129 requests on one engine in every repeat while the
-   other stood idle with 16 outcomes, and `ttft` followed (TTFT p50 1.0 s; simulated 0.71 s
-   against 0.24 s with `"prior"` and round robin's 0.24 s). It is not the default because
-   over the cluster cases of docs/BENCHMARKS.md it moved more seeds' p99 over prefix's than
-   it moved back ("Starved instances", 2026-12-05).
+   predicted gain of about e^2 (7x); `"fixed"` shrinks towards `prior_error` alone, never
+   borrowing another instance's (smaller) error. Why they exist: an instance P never picks
+   never earns its outcomes. On two real vLLM engines with tierd (seed 103) P, whose balance
+   thresholds are for large fleets, kept 106 of 129 requests on one engine in every repeat
+   while the other stood idle, and `ttft` followed (TTFT p50 1.04 s; 0.31 s with `"prior"`,
+   3 rotated repeats). Neither is the default: over the cluster cases of docs/BENCHMARKS.md
+   they put more game seeds' p50 over prefix's than control perturbations do ("Starved
+   instances", 2026-12-05), and `"fixed"` has not yet run on real engines.
 So before enough outcomes the request goes where `prefix` would send it; with exact
 predictions (error 0) the scoring decides alone, and the larger the error, the larger the
 predicted gain a deviation needs. Since a deviation never makes the request wait longer
@@ -69,7 +70,7 @@ from router.policies.ttft_records import Scored
 from router.types import RouteRequest
 
 GuardRule = Literal["trust", "robust"]
-UnearnedBand = Literal["none", "prior"]  # the band of an instance short of its outcomes
+UnearnedBand = Literal["none", "prior", "fixed"]  # the band of an instance short of its outcomes
 
 
 class TrustGuard:
@@ -88,8 +89,10 @@ class TrustGuard:
         unearned_band: UnearnedBand = "none",
         prior_error: float = 1.0,
     ) -> None:
-        if unearned_band not in ("none", "prior"):
-            raise PolicyConfigError(f"unknown unearned_band {unearned_band!r}: none or prior")
+        if unearned_band not in ("none", "prior", "fixed"):
+            raise PolicyConfigError(
+                f"unknown unearned_band {unearned_band!r}: none, prior or fixed"
+            )
         if (
             trust_error <= 0
             or prior_error < 0
@@ -172,7 +175,7 @@ class TrustGuard:
         """err(instance) as step 3 reads it: its own error once it has
         `trust_min_observations` outcomes. Before: None (not choosable against P) with
         `unearned_band="none"`; with `"prior"`, shrunk towards the largest error an instance
-        has earned, else `prior_error`."""
+        has earned, else `prior_error`; with `"fixed"`, towards `prior_error` alone."""
         n = self.trust_min_observations
         k = self.observed.get(instance, 0)
         if k >= n:
@@ -180,7 +183,7 @@ class TrustGuard:
         if self.unearned_band == "none":
             return None
         earned = [self.error[i] for i, count in self.observed.items() if count >= n]
-        prior = max(earned) if earned else self.prior_error
+        prior = max(earned) if earned and self.unearned_band != "fixed" else self.prior_error
         return (k * self.error.get(instance, 0.0) + (n - k) * prior) / n
 
     def _robust(self, base: Scored, allowed: list[Scored], chosen: Scored) -> Scored | None:

@@ -146,6 +146,19 @@ def test_an_instance_prefix_never_picks_can_be_chosen_only_with_a_prior_band(
     assert policy.choose(_req(), QUEUED).instance == "a"
 
 
+def test_a_fixed_band_never_borrows_another_instances_error() -> None:
+    policy = TtftPolicy(clock=Clock(), trust_min_observations=20, unearned_band="fixed")
+    assert policy.choose(_req(), MODEST).instance == "b"  # 5x: inside both priors' e^2
+    for _ in range(20):
+        policy.guard.record("b", observed_s=1.0, predicted_s=math.exp(-0.2))
+    assert policy.guard.band("b") == pytest.approx(0.2)
+    assert policy.guard.band("a") == pytest.approx(1.0)  # the prior, not b's 0.2
+    borrowing = TtftPolicy(clock=Clock(), trust_min_observations=20, unearned_band="prior")
+    for _ in range(20):
+        borrowing.guard.record("b", observed_s=1.0, predicted_s=math.exp(-0.2))
+    assert borrowing.guard.band("a") == pytest.approx(0.2)
+
+
 def test_a_bad_prior_band_setting_is_refused() -> None:
     with pytest.raises(PolicyConfigError, match="prior_error"):
         TtftPolicy(prior_error=-0.1)
