@@ -19,7 +19,8 @@ text chunk):
 the same way (CPU of the peer's process, all its threads), for the added p50 against smg's.
 `--tree NAME=DIR` adds warmgate from another source tree (an earlier commit) as NAME, for a
 before/after in the same rounds. `--floor` adds bench.proxy_floor, the Python edge alone
-(uvicorn and the h1pool relaying the body, nothing else). `--py-spy S` records the first
+(uvicorn and the h1pool relaying the body, nothing else: `floor`), and the same relay on a
+bare asyncio protocol with no uvicorn (`floor-raw`). `--py-spy S` records the first
 warmgate with py-spy (`--native`, 250 samples/s) over S seconds of sequential requests after
 the rounds, written beside `--out` (`<out>-py-spy.txt`, collapsed stacks), the rounds'
 figures unaffected.
@@ -105,14 +106,16 @@ async def start_warmgate(
     return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, {})
 
 
-async def start_floor(fleet: Fleet, workdir: Path) -> Gateway:
-    """bench.proxy_floor in front of `fleet`'s one engine: the Python edge alone."""
+async def start_floor(fleet: Fleet, workdir: Path, server: str = "uvicorn") -> Gateway:
+    """bench.proxy_floor in front of `fleet`'s one engine: the Python edge alone, on
+    uvicorn (`floor`) or on a bare asyncio protocol (`floor-raw`)."""
+    name = "floor" if server == "uvicorn" else f"floor-{server}"
     port = free_port()
-    args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port)]
+    args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port), "--server", server]
     args += ["--upstream", fleet.engines["e0"]]
-    proc = await Proc.spawn("floor", args, workdir / "floor.log", {})
+    proc = await Proc.spawn(name, args, workdir / f"{name}.log", {})
     await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=60)
-    return Gateway("floor", f"http://127.0.0.1:{port}/v1", proc, {})
+    return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, {})
 
 
 async def _cpu_per_request(
@@ -251,6 +254,7 @@ async def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             gateways[name] = await start_warmgate(fleet, "h1pool", workdir, name=name, tree=tree)
         if args.floor:
             gateways["floor"] = await start_floor(fleet, workdir)
+            gateways["floor-raw"] = await start_floor(fleet, workdir, "raw")
         for name in peers:
             missing = peer_missing(name)
             if missing:
@@ -332,8 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--floor", action="store_true",
-        help="also bench.proxy_floor (uvicorn + h1pool relaying the body, nothing else): "
-        "the Python edge's own cost, in the same rounds",
+        help="also bench.proxy_floor (uvicorn + h1pool relaying the body, nothing else) and "
+        "its raw-asyncio server: the Python edge's own cost, in the same rounds",
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="rounds over every transport")
     p.add_argument("--sequential", type=int, default=400, help="requests for CPU per request")

@@ -18,9 +18,11 @@ repeat, interactive requests arrive open-loop (Poisson, `--interactive-rate`) fo
   engine, started with `priority.background_prefills: 0` (what the gateway's one background
   prefill at a time buys, gateway/pipeline/prefill_gate.py).
 
-Every request has its own random prompt (salted by arm and repeat: nothing is cached across
-requests), streamed, TTFT at the first content chunk (bench.replay.send_one). Writes
-`results.json` and `report.md`."""
+Every arm of a repeat replays the same interactive arrivals and texts (common random
+numbers: the ratio to alone's compares the same lines), each prompt salted by arm and repeat
+so nothing is cached across requests; streamed, TTFT at the first content chunk
+(bench.replay.send_one). Writes `results.json` and `report.md`, with each arm's lines pooled
+over the repeats beside the per-repeat rows."""
 
 from __future__ import annotations
 
@@ -72,19 +74,31 @@ async def _send(
     return record
 
 
+def plan(
+    model: str, arm: str, rep: int, kind: str, n: int, rate: float, args: Any
+) -> list[tuple[float, Any]]:
+    """`n` requests of `kind` ("i" interactive, "b" background) for one arm of a repeat:
+    (gap before it in seconds, Poisson at `rate`; body). Common random numbers: every arm
+    of a repeat gets the same gaps and texts, only the salt that opens each prompt is the
+    arm's (so no arm reuses another's blocks), and an arm's ratio to alone's compares the
+    same lines rather than two draws of a Poisson clump."""
+    rng = random.Random(args.seed * 1000 + rep * 10 + (kind == "b"))
+    tokens = args.interactive_tokens if kind == "i" else args.background_tokens
+    bodies = [_body(model, rng, f"{arm}-{rep}-{kind}{k}", args.words, tokens) for k in range(n)]
+    return [(rng.expovariate(rate), body) for body in bodies]
+
+
 async def open_loop(
     client: httpx.AsyncClient,
     url: str,
-    bodies: list[Any],
-    rate: float,
+    planned: list[tuple[float, Any]],
     headers: dict[str, str] | None,
-    rng: random.Random,
 ) -> list[RequestRecord]:
-    """Send `bodies` with Poisson arrivals at `rate` per second; every record, in order."""
+    """Send the `planned` bodies, each after its gap; every record, in order."""
     tasks = []
     t = time.perf_counter()
-    for body in bodies:
-        t += rng.expovariate(rate)
+    for gap, body in planned:
+        t += gap
         await asyncio.sleep(max(0.0, t - time.perf_counter()))
         tasks.append(asyncio.create_task(_send(client, url, body, headers)))
     return list(await asyncio.gather(*tasks))
@@ -136,26 +150,20 @@ async def arm_run(
 ) -> dict[str, Any]:
     """One arm; `urls`: the gated gateway's ("gated") and the ungated one's ("ungated")."""
     url = urls["ungated" if arm == "ungated" else "gated"]
-    rng = random.Random(args.seed * 1000 + rep * 10 + ARMS.index(arm))
     n_i = max(1, round(args.interactive_rate * args.seconds))
-    interactive = [
-        _body(model, rng, f"{arm}-{rep}-i{k}", args.words, args.interactive_tokens)
-        for k in range(n_i)
-    ]
-    loops = [open_loop(client, url, interactive, args.interactive_rate, None, rng)]
+    interactive = plan(model, arm, rep, "i", n_i, args.interactive_rate, args)
+    loops = [open_loop(client, url, interactive, None)]
     rate_b = args.background_factor * cap
     if arm != "alone":
         n_b = max(1, round(rate_b * args.seconds))
-        background = [
-            _body(model, rng, f"{arm}-{rep}-b{k}", args.words, args.background_tokens)
-            for k in range(n_b)
-        ]
+        background = plan(model, arm, rep, "b", n_b, rate_b, args)
         # interactive lines say nothing (normal) in every arm; background is classed or not
         classed = arm in ("background", "ungated")
         headers = {"x-warmgate-priority": "background"} if classed else None
-        loops.append(open_loop(client, url, background, rate_b, headers, random.Random(rep)))
+        loops.append(open_loop(client, url, background, headers))
     results = await asyncio.gather(*loops)
     row: dict[str, Any] = {"repeat": rep, "arm": arm, "interactive": _summary(results[0])}
+    row["interactive_ttfts_s"] = [round(r.ttft_s, 4) for r in results[0] if r.ttft_s is not None]
     if arm != "alone":
         row["background"] = _summary(results[1]) | {"rate_per_s": round(rate_b, 3)}
     return row
@@ -225,7 +233,32 @@ def render(res: dict[str, Any]) -> str:
             f"| {r['repeat']} | {r['arm']} | {i['ok']} / {i['sent']} | {i['ttft_p50_s']} "
             f"| {i['ttft_p99_s']} | {ratio} | {bg} | {b.get('ttft_p50_s', '')} |"
         )
+    lines += ["", *_pooled_lines(res["rows"])]
     return "\n".join(lines) + "\n"
+
+
+def _pooled_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each arm's interactive lines of every repeat in one sample, against alone's."""
+    pooled: dict[str, list[float]] = {}
+    for r in rows:
+        pooled.setdefault(r["arm"], []).extend(r.get("interactive_ttfts_s", []))
+    alone = pct(pooled.get("alone", []), 99)
+    out = [
+        "Pooled over the repeats (the same interactive arrivals in every arm of a repeat):",
+        "",
+        "| arm | lines | p50 s | p99 s | p99 / alone's |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for arm in ARMS:
+        xs = pooled.get(arm, [])
+        p50, p99 = pct(xs, 50), pct(xs, 99)
+        ratio = f"{p99 / alone:.2f}" if alone and p99 is not None else ""
+        out.append(f"| {arm} | {len(xs)} | {_seconds(p50)} | {_seconds(p99)} | {ratio} |")
+    return out
+
+
+def _seconds(v: float | None) -> str:
+    return "" if v is None else f"{v:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,16 +8,24 @@ as it arrives. No parsing, routing, accounting, metrics or disconnect watch. Wha
 costs per request, warmgate cannot cost less without leaving this server; set against
 smg's figure in the same rounds it says how far the Python edge itself is from a target.
 
-    python -m bench.proxy_floor --port P --upstream http://127.0.0.1:E
+`--server raw` is the same relay without uvicorn or ASGI: an asyncio protocol on uvloop
+parsing with httptools itself and writing to the socket (`RawFloorProtocol`), the least a
+Python HTTP edge can do. Its figure against uvicorn's says what replacing the server would
+buy, and against smg's whether any Python edge can reach a target.
+
+    python -m bench.proxy_floor --port P --upstream http://127.0.0.1:E [--server raw]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+import httptools
 import uvicorn
+import uvloop
 from starlette.types import Receive, Scope, Send
 
 from gateway.config.guards import ServerLimits
@@ -80,11 +88,85 @@ class FloorProxy:
                 return
 
 
+class RawFloorProtocol(asyncio.Protocol):
+    """One client connection: HTTP/1.1 keep-alive requests parsed by httptools, each POST
+    relayed to the engine over the pool, its answer sent back with chunked encoding (one
+    write for the head and first chunk, one a chunk after). Requests on a connection are
+    answered in order, one at a time, as a client that does not pipeline sends them."""
+
+    def __init__(self, upstream: str, pool: H1Pool) -> None:
+        self.upstream = upstream
+        self.pool = pool
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport is not None:
+                self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        path, body, method = self.url.decode(), b"".join(self.body), self.parser.get_method()
+        self.url, self.body = b"", []
+        asyncio.get_running_loop().create_task(self._answer(method, path, body))
+
+    async def _answer(self, method: bytes, path: str, body: bytes) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if method != b"POST":  # readiness
+            t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            return
+        resp = await self.pool.post(target_of(self.upstream + path), _HEADERS, body)
+        content_type = resp.headers.get("content-type", "application/json")
+        head: bytes | None = (
+            f"HTTP/1.1 {resp.status_code} OK\r\ncontent-type: {content_type}\r\n"
+            "transfer-encoding: chunked\r\n\r\n"
+        ).encode()
+        try:
+            async for chunk in resp.aiter_bytes():
+                framed = b"%x\r\n%b\r\n" % (len(chunk), chunk)
+                t.write(framed if head is None else head + framed)
+                head = None
+        finally:
+            await resp.aclose()
+        t.write(b"0\r\n\r\n" if head is None else head + b"0\r\n\r\n")
+
+
+async def _serve_raw(port: int, upstream: str) -> None:
+    timeouts = Timeouts(connect_s=5.0, read_s=60.0, write_s=30.0, pool_s=30.0)
+    pool = H1Pool(timeouts, max_connections=256, max_keepalive=256)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: RawFloorProtocol(upstream, pool), "127.0.0.1", port, reuse_address=True
+    )
+    async with server:
+        await server.serve_forever()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.proxy_floor", description=__doc__)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True, help="the engine's base URL")
+    p.add_argument("--server", choices=("uvicorn", "raw"), default="uvicorn")
     args = p.parse_args(argv)
+    if args.server == "raw":
+        uvloop.run(_serve_raw(args.port, args.upstream.rstrip("/")))
+        return 0
     config = uvicorn.Config(
         FloorProxy(args.upstream),
         host="127.0.0.1",

@@ -105,7 +105,7 @@ def test_overhead_runs_every_transport_and_writes_both_files(tmp_path: Path) -> 
     proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result["summary"]) == {"h1pool", "aiohttp", "httpx", "floor"}
+    assert set(result["summary"]) == {"h1pool", "aiohttp", "httpx", "floor", "floor-raw"}
     for modes in result["rounds"][0].values():
         assert set(modes) == {"non-stream", "stream"}
         for figures in modes.values():
