@@ -170,7 +170,7 @@ async def arm_run(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    engine_args = step_engine_args(args.max_num_batched_tokens)
+    engine_args = step_engine_args(args)
     spec = RealFleetSpec(instances=1, scheduling_policy="priority", engine_args=engine_args)
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
@@ -215,7 +215,8 @@ def render(res: dict[str, Any]) -> str:
         f"{a['seconds']} s an arm, background at {a['background_factor']}x capacity; prompts "
         f"of {a['words']} random words, replies {a['interactive_tokens']} / "
         f"{a['background_tokens']} tokens; arms rotated each repeat; vLLM's "
-        f"--max-num-batched-tokens {a.get('max_num_batched_tokens') or 'default'}.",
+        f"--max-num-batched-tokens {a.get('max_num_batched_tokens') or 'default'}, "
+        f"--long-prefill-token-threshold {_flag(a.get('long_prefill_token_threshold'))}.",
         "",
         "| repeat | arm | interactive ok / sent | p50 s | p99 s | p99 / alone's | "
         "background ok / shed / sent | background p50 s |",
@@ -255,6 +256,10 @@ def _pooled_lines(rows: list[dict[str, Any]]) -> list[str]:
         ratio = f"{p99 / alone:.2f}" if alone and p99 is not None else ""
         out.append(f"| {arm} | {len(xs)} | {_seconds(p50)} | {_seconds(p99)} | {ratio} |")
     return out
+
+
+def _flag(value: str | None) -> str:
+    return "default" if value in (None, "None") else value
 
 
 def _seconds(v: float | None) -> str:

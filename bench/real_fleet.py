@@ -79,7 +79,8 @@ def _positive_int(text: str) -> int:
 
 
 def add_step_option(parser: argparse.ArgumentParser) -> None:
-    """`--max-num-batched-tokens`, for the benches whose figure is a line's wait for a step."""
+    """`--max-num-batched-tokens` and `--long-prefill-token-threshold`, for the benches
+    whose figure is a line's wait for a step."""
     parser.add_argument(
         "--max-num-batched-tokens",
         type=_positive_int,
@@ -87,13 +88,24 @@ def add_step_option(parser: argparse.ArgumentParser) -> None:
         help="vLLM's token budget a step (default: the engine's): a smaller one shortens the "
         "step a line that arrives mid-prefill waits for",
     )
+    parser.add_argument(
+        "--long-prefill-token-threshold",
+        type=_positive_int,
+        default=None,
+        help="vLLM's cap on one prefill's tokens a step while other requests share it "
+        "(default: none): running prefills then leave room in the budget for lines that "
+        "arrive beside them",
+    )
 
 
-def step_engine_args(max_num_batched_tokens: int | None) -> tuple[str, ...]:
-    """The vLLM flags of `add_step_option`'s value (none for the engine's default)."""
-    if max_num_batched_tokens is None:
-        return ()
-    return ("--max-num-batched-tokens", str(max_num_batched_tokens))
+def step_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The vLLM flags of `add_step_option`'s values (none for the engine's defaults)."""
+    flags: tuple[str, ...] = ()
+    if args.max_num_batched_tokens is not None:
+        flags += ("--max-num-batched-tokens", str(args.max_num_batched_tokens))
+    if args.long_prefill_token_threshold is not None:
+        flags += ("--long-prefill-token-threshold", str(args.long_prefill_token_threshold))
+    return flags
 
 
 def engine_block_size(metrics_text: str) -> int | None:

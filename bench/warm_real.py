@@ -37,7 +37,7 @@ async def rounds(args: argparse.Namespace) -> dict[str, Any]:
     spec = RealFleetSpec(
         instances=args.instances,
         kv_cache_gib=args.kv_cache_gib,
-        engine_args=step_engine_args(args.max_num_batched_tokens),
+        engine_args=step_engine_args(args),
     )
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": []}
     async with real_fleet_with_gateway(spec, GATEWAY, args.out / "logs") as (fleet, gw):
