@@ -27,7 +27,10 @@ def test_a_prefill_cap_becomes_the_engine_flag_beside_the_step() -> None:
         ["--max-num-batched-tokens", "128", "--long-prefill-token-threshold", "64"]
     )
     assert step_engine_args(args) == (
-        "--max-num-batched-tokens", "128", "--long-prefill-token-threshold", "64",
+        "--max-num-batched-tokens",
+        "128",
+        "--long-prefill-token-threshold",
+        "64",
     )
 
 
