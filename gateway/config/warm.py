@@ -39,19 +39,28 @@ class WorldSettings(StrictModel):
 
 
 class WarmSettings(StrictModel):
-    """A warm is the lowest-priority work there is: it runs on an instance only while that
+    """A warm is the lowest-priority work there is: it starts on an instance only while that
     instance has fewer than `max_real_in_flight` real requests in flight (from this
     replica) and its engine reports at most `max_engine_waiting` waiting requests, with at
-    most `max_per_instance` warms at a time; otherwise 429 with Retry-After. A warm still
-    computing when real requests reach `max_real_in_flight` on its instance is cancelled
-    (`yield_to_real`), unless that instance schedules by priority (the engine then puts the
-    warm last)."""
+    most `max_per_instance` warms at a time; otherwise 429 with Retry-After.
+
+    A warm still computing gives way the moment a real request begins on its instance
+    (`yield_to_real`): its engine request is cancelled, whatever the engine's scheduling
+    (vLLM's priority scheduling orders only the waiting queue; a warm already running keeps
+    its share of every step's token budget, so a line arriving beside it prefills at half
+    speed). With `resume_after_yield` it goes on once no real request there is still
+    prefilling (sent, no first token): the engine kept the full blocks it had computed
+    (vLLM caches each block as its step is scheduled and keeps it, unpinned, after an
+    abort), so only the rest is computed. After `max_yields` yields, or past
+    `engine_timeout_s` in all, it ends with 429."""
 
     enabled: bool = True
     max_real_in_flight: int = Field(default=4, ge=1)
     max_engine_waiting: int = Field(default=0, ge=0)
     max_per_instance: int = Field(default=2, ge=1)
     yield_to_real: bool = True
+    resume_after_yield: bool = True
+    max_yields: int = Field(default=8, ge=0)
     tierd_wait_s: float = Field(default=2.0, gt=0)  # a restore from tierd waits this long
     engine_timeout_s: float = Field(default=30.0, gt=0)  # the one-token request's bound
     retry_after_s: int = Field(default=1, ge=1)
@@ -70,9 +79,10 @@ class WarmSettings(StrictModel):
             return f"reports {waiting:.0f} requests waiting"
         return None
 
-    def yields(self, real: int, priority_scheduling: bool) -> bool:
-        """Whether a warm still computing gives way now that `real` requests are in flight."""
-        return self.yield_to_real and not priority_scheduling and real >= self.max_real_in_flight
+    def gives_up_on_yield(self) -> bool:
+        """Whether a warm that gave way to a real request ends there (429) rather than going
+        on after the instance's real prefills: the gateway's `Warmer` and the simulator."""
+        return self.yield_to_real and not self.resume_after_yield
 
 
 class PrioritySettings(StrictModel):

@@ -74,6 +74,7 @@ class RequestLifecycle:
         # a background request's prefill slot (gateway/pipeline/prefill_gate.py): freed at
         # its first token, when its attempt fails, or at the end
         self._prefill: Slot | None = None
+        self._attempt: Attempt | None = None  # the latest begun: prefilling until its token
         self._metrics.in_flight.inc()
 
     # -- attempts -------------------------------------------------------------------------
@@ -98,7 +99,8 @@ class RequestLifecycle:
 
     def begin(self, instance: str) -> Attempt:
         """A request is about to be sent to `instance` (an attempt or a continuation)."""
-        return self._inflight.begin(instance)
+        self._attempt = self._inflight.begin(instance)
+        return self._attempt
 
     def end(self, attempt: Attempt) -> None:
         """Its response is closed (safe to say twice)."""
@@ -107,6 +109,9 @@ class RequestLifecycle:
     def inspect(self, instance: str, relay: SseRelay, chunk: bytes) -> list[bytes]:
         """Feed upstream bytes to the relay; note TTFT at the first content chunk."""
         pieces = relay.feed(chunk)
+        attempt = self._attempt
+        if attempt is not None and attempt.prefilling and relay.saw_content:
+            self._inflight.prefilled(attempt)  # a continuation's too: warms may go on
         if self.ttft_s is None and relay.saw_content:
             self.ttft_s = time.monotonic() - self.attempt_started
             self._prefill_done()

@@ -22,13 +22,14 @@ from gateway.upstream.transport import UpstreamResponse
 class Attempt:
     """One attempt on one instance."""
 
-    __slots__ = ("abandoned", "instance", "response", "streaming")
+    __slots__ = ("abandoned", "instance", "prefilling", "response", "streaming")
 
     def __init__(self, instance: str) -> None:
         self.instance = instance
         self.abandoned: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.response: UpstreamResponse | None = None
         self.streaming = False  # handed to a relay, which ends it
+        self.prefilling = True  # sent, no first token yet (`Inflight.prefilled`)
 
     def fail(self, reason: str) -> None:
         if not self.abandoned.done():
@@ -40,24 +41,44 @@ class Attempt:
 class Inflight:
     def __init__(self) -> None:
         self._by_instance: dict[str, set[Attempt]] = {}
-        # called with the instance as each attempt begins (warms yield to real requests,
-        # gateway/pipeline/warm.py); pure in-memory callbacks, they must not block
+        self._prefilling: dict[str, int] = {}
+        # Pure in-memory callbacks with the instance, which must not block: `on_begin` as
+        # each attempt begins, `on_prefilled` as one stops prefilling (its first token, or
+        # its end). Warms give way to real requests and go on after their prefills
+        # (gateway/pipeline/warm.py).
         self.on_begin: list[Callable[[str], None]] = []
+        self.on_prefilled: list[Callable[[str], None]] = []
 
     def begin(self, instance: str) -> Attempt:
         attempt = Attempt(instance)
         self._by_instance.setdefault(instance, set()).add(attempt)
+        self._prefilling[instance] = self._prefilling.get(instance, 0) + 1
         for hook in self.on_begin:
             hook(instance)
         return attempt
 
+    def prefilled(self, attempt: Attempt) -> None:
+        """`attempt` got its first token (safe to say twice; `end` says it too)."""
+        if not attempt.prefilling:
+            return
+        attempt.prefilling = False
+        instance = attempt.instance
+        self._prefilling[instance] -= 1
+        for hook in self.on_prefilled:
+            hook(instance)
+
     def end(self, attempt: Attempt) -> None:
         held = self._by_instance.get(attempt.instance)
-        if held is not None:
+        if held is not None and attempt in held:
             held.discard(attempt)
+            self.prefilled(attempt)
 
     def count(self, instance: str) -> int:
         return len(self._by_instance.get(instance, ()))
+
+    def prefilling(self, instance: str) -> int:
+        """Attempts in flight on `instance` that have not had their first token."""
+        return self._prefilling.get(instance, 0)
 
     def on_unhealthy(self, instance: str, reason: str) -> None:
         """A health-checker hook: an instance marked unhealthy fails its attempts at once."""

@@ -11,8 +11,9 @@ them; every rule it applies is the gateway's own, imported, not copied:
   (gateway/pipeline/binding_rule.py). The
   gateway's admission (`WarmSettings.refusal`: warms and real requests in flight, the
   engine's waiting queue) defers it, or the instance computes it at the lowest priority
-  (sim.cluster.warms: only while idle, cut by real work). A warm gives way when real work
-  reaches `WarmSettings.yields` (not on instances that schedule by priority).
+  (sim.cluster.warms: only while idle, cut by real work: the gateway's yield and resume).
+  Where the gateway's warms give up instead of resuming (`WarmSettings.gives_up_on_yield`)
+  a real request ends the instance's warms.
 - **Priority classes** (`priority`): a request's class is its level
   (`PrioritySettings.levels`, lower first) in its instance's waiting queue, as vLLM's
   priority scheduling orders it, and admission sheds background work first
@@ -155,7 +156,7 @@ class HintedSimulator(ClusterSimulator):
         self._dispatch(req, decision)
         queue = self.queues[k]
         queue.drop("superseded", self.now, target=req.idx)  # the line computes the rest
-        if hints.warm.yields(self.real_in_flight(k), hints.priority_classes):
+        if hints.warm.gives_up_on_yield():  # else its warms go on in idle steps, as resumed
             queue.drop("yielded", self.now)
         if hints.announce and t.world_version and t.world_blocks:
             self._announce(t.hash_ids[: t.world_blocks])

@@ -10,11 +10,12 @@ L1) and the router's view (a dispatch like any other). The blocks a warm has com
 resident and unpinned (cached, as a finished request's are) from the end of each step.
 
 How a warm ends (`SimWarm.outcome`): `done` (every block resident), `held` (they already
-were when it reached the front), `yielded` (the instance got busy: the gateway's
-`WarmSettings.yields`), `timed_out` (not done within the gateway's `engine_timeout_s`),
-`superseded` (the request it precedes reached the instance first: it computes the rest
-itself). A warm the gateway's admission refuses (`WarmSettings.refusal`) never gets here:
-`deferred`.
+were when it reached the front), `yielded` (a real request reached the instance and the
+gateway's warm gives up rather than resume: `WarmSettings.gives_up_on_yield`; a resumed one
+is what this queue computes anyway, in the idle steps between real work), `timed_out` (not
+done within the gateway's `engine_timeout_s`), `superseded` (the request it precedes
+reached the instance first: it computes the rest itself). A warm the gateway's admission
+refuses (`WarmSettings.refusal`) never gets here: `deferred`.
 """
 
 from __future__ import annotations

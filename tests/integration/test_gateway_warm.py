@@ -1,11 +1,13 @@
 """POST /v1/warm and per-request priority and TTFT deadlines (issue 22, items 1 and 3),
 against the gateway in front of real simulated engines: the warm's contract and the next
-turn's cached tokens, a warm giving way to real work, the deadline's early answer, the 400s."""
+turn's cached tokens, a warm giving way to real work and going on after it, the deadline's
+early answer, the 400s."""
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from uuid import uuid4
@@ -39,6 +41,17 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         },
     ).start()
     yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def giving_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The slow engine, its gateway's warms ending when they give way (no resume)."""
+    warm = {"max_real_in_flight": 1, "resume_after_yield": False}
+    f = Fleet(
+        tmp_path_factory.mktemp("gw-warm-giving-up"), 1, time_scale=20.0, settings={"warm": warm}
+    )
+    yield f.start()
     f.stop()
 
 
@@ -271,31 +284,59 @@ def test_a_busy_instance_defers_warms_and_sheds_background(slow: Fleet) -> None:
         assert stats["deferred"] >= 1 and stats["ok"] >= 1
 
 
-def test_a_warm_yields_to_a_real_request(slow: Fleet) -> None:
-    out: dict[str, httpx.Response] = {}
-    big = {"model": MODEL, "messages": lore("yul", 300), "user": "yul"}  # a long prefill
+def _warm_beside_a_real_request(fleet: Fleet, player: str) -> httpx.Response:
+    """A warm of a long prefill, and while it computes a real request on the same (only)
+    instance: the warm's answer. A warm the admission defers before it computes (the
+    engine's load as last scraped still shows an earlier test's work) is sent again."""
+    big = {"model": MODEL, "messages": lore(player, 300), "user": player}  # a long prefill
+    for _ in range(10):
+        out: dict[str, httpx.Response] = {}
 
-    def warm() -> None:
-        with httpx.Client(base_url=slow.base, timeout=300) as c:
-            out["warm"] = c.post("/v1/warm", json=big)
+        def warm(out: dict[str, httpx.Response] = out) -> None:
+            with httpx.Client(base_url=fleet.base, timeout=300) as c:
+                out["warm"] = c.post("/v1/warm", json=big)
 
-    thread = threading.Thread(target=warm)
-    thread.start()
-    try:
-        wait_until(lambda: slow.admin("stats")["warm"]["in_flight"], what="the warm in flight")
-        with httpx.Client(base_url=slow.base, timeout=120) as c:
-            real = c.post(
-                "/v1/chat/completions",
-                json={"model": MODEL, "messages": lore("rex", 1), "max_tokens": 1},
+        thread = threading.Thread(target=warm)
+        thread.start()
+        try:
+            wait_until(
+                lambda out=out: fleet.admin("stats")["warm"]["in_flight"] or "warm" in out,
+                what="the warm in flight",
             )
-        assert real.status_code == 200, real.text
-    finally:
-        thread.join(timeout=300)
-    r = out["warm"]
+            if "warm" in out:  # answered before it was seen computing: deferred
+                assert out["warm"].status_code == 429, out["warm"].text
+                time.sleep(1.0)
+                continue
+            with httpx.Client(base_url=fleet.base, timeout=120) as c:
+                real = c.post(
+                    "/v1/chat/completions",
+                    json={"model": MODEL, "messages": lore(f"{player}-r", 1), "max_tokens": 1},
+                )
+            assert real.status_code == 200, real.text
+        finally:
+            thread.join(timeout=300)
+        return out["warm"]
+    raise AssertionError("every warm was deferred before it computed")
+
+
+def test_a_warm_gives_way_to_a_real_request_then_goes_on(slow: Fleet) -> None:
+    r = _warm_beside_a_real_request(slow, "yul")
+    assert r.status_code == 200, r.text  # it went on once the real request had its token
+    assert r.json()["source"] == "engine"
+    assert r.json()["cached_tokens"] == 0  # before warming; its own first part is not counted
+    engine = slow.admin("stats")["warm"]["by_source"]["engine"]
+    assert engine["yielded"] >= 1 and engine["resumed"] >= 1
+    metrics = httpx.get(f"{slow.base}/metrics", timeout=10).text
+    assert 'warmgate_warm_total{outcome="resumed",source="engine"}' in metrics
+
+
+def test_a_warm_that_may_not_resume_ends_with_429(giving_up: Fleet) -> None:
+    r = _warm_beside_a_real_request(giving_up, "yan")
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == "warm_deferred"
     assert "real request" in r.json()["error"]["message"]
-    assert slow.admin("stats")["warm"]["by_source"]["engine"]["yielded"] >= 1
+    engine = giving_up.admin("stats")["warm"]["by_source"]["engine"]
+    assert engine["yielded"] >= 1 and "resumed" not in engine
 
 
 def _in_flight(fleet: Fleet) -> float:

@@ -163,8 +163,9 @@ def test_the_gateways_rules_that_the_simulator_applies() -> None:
     assert warm.refusal(0, warm.max_real_in_flight, 0) is not None
     assert warm.refusal(warm.max_per_instance, 0, None) is not None
     assert warm.refusal(0, 0, warm.max_engine_waiting + 1) is not None
-    assert warm.yields(warm.max_real_in_flight, False)
-    assert not warm.yields(warm.max_real_in_flight, True)  # the engine orders them
+    assert not warm.gives_up_on_yield()  # it goes on after the real prefills
+    assert WarmSettings(resume_after_yield=False).gives_up_on_yield()
+    assert not WarmSettings(yield_to_real=False, resume_after_yield=False).gives_up_on_yield()
     prio = PrioritySettings()
     assert prio.sheds("background", prio.background_max_in_flight)
     assert not prio.sheds("interactive", 10_000)

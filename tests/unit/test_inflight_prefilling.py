@@ -1,0 +1,29 @@
+"""`Inflight`'s count of attempts still prefilling (sent, no first token): what a warm that
+gave way to real requests waits on before it goes on (gateway/pipeline/warm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.upstream.inflight import Inflight
+
+
+def test_an_attempt_prefills_until_its_first_token_or_its_end() -> None:
+    async def scenario() -> None:
+        inflight = Inflight()
+        heard: list[str] = []
+        inflight.on_prefilled.append(heard.append)
+        a, b = inflight.begin("e0"), inflight.begin("e0")
+        other = inflight.begin("e1")
+        assert (inflight.prefilling("e0"), inflight.prefilling("e1")) == (2, 1)
+        inflight.prefilled(a)
+        inflight.prefilled(a)  # said twice: counted once
+        assert inflight.prefilling("e0") == 1 and inflight.count("e0") == 2
+        inflight.end(a)  # past its prefill already: no second notice
+        inflight.end(b)  # ended before any token: its prefill is over too
+        inflight.end(b)
+        assert inflight.prefilling("e0") == 0 and inflight.count("e0") == 0
+        assert heard == ["e0", "e0"]
+        assert inflight.prefilling("e1") == 1 and other.prefilling
+
+    asyncio.run(scenario())
