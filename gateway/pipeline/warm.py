@@ -272,7 +272,8 @@ class Warmer:
             if running.yields:  # what was cached before it is the index's view of then
                 answer = _with_cached(answer, decision.cached_tokens_by_tier.get("hbm", 0))
         except OpenAIError as err:
-            self._count("engine", "deferred" if err.status == 429 else "failed")
+            if not running.yields:  # one that gave way and then gave up counted `yielded`
+                self._count("engine", "deferred" if err.status == 429 else "failed")
             raise
         except asyncio.CancelledError:
             self._count("engine", "failed")
