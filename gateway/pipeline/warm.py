@@ -13,13 +13,9 @@ blocks resident there the cheapest way the prefix index knows of:
 A warm is the lowest-priority work (gateway/config/warm.py `WarmSettings`): work that needs
 the engine runs only while the instance is quiet (fewer than `max_real_in_flight` real
 requests in flight here, at most `max_engine_waiting` waiting in the engine, fewer than
-`max_per_instance` warms), else a 429 with Retry-After. A real request that begins on
-the instance cancels its warms' engine requests (`yield_to_real`), whatever the engine's
-scheduling: vLLM orders its waiting queue by priority, but a warm already running keeps its
-share of every step, which the line beside it would wait for (real vLLM, 2026-12-06: the
-never-warmed lines' p99 1.07-1.41x higher with warms on, 6 of 6 rounds). A warm that gave
-way is sent again once no real request there is prefilling (`resume_after_yield`): the
-engine kept the full blocks its cancelled request computed, so it computes only the rest.
+`max_per_instance` warms), else a 429 with Retry-After. Its engine request gives way to
+every real request that begins on the instance and goes on after their prefills
+(gateway/pipeline/warm_engine.py).
 Every warm is counted in `warmgate_warm_total{source,outcome}` (a warm that gave way also
 counts each `yielded` and each `resumed`) and in `stats()` (the admin stats and operator
 page).
@@ -42,10 +38,10 @@ from gateway.config.settings import Settings
 from gateway.errors import OpenAIError
 from gateway.fleet.engine_load import EngineLoads
 from gateway.fleet.health import HealthChecker
-from gateway.json_codec import encode
 from gateway.pipeline.decide import RequestPipeline, Routed
 from gateway.pipeline.parse import ParsedRequest
 from gateway.pipeline.prefetch import PrefetchHints
+from gateway.pipeline.warm_engine import EngineWarm, EngineWarms, deferred
 from gateway.pipeline.world_replicate import WorldReplicator
 from gateway.upstream.inflight import Inflight
 from router.router import Router
@@ -54,9 +50,6 @@ from router.types import RouteRequest
 log = logging.getLogger("warmgate.warm")
 
 Source = Literal["held", "tierd", "engine"]
-_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-# fields of the client's body that would change what the engine computes or sends back
-_DROPPED = ("stream", "stream_options", "max_completion_tokens", "n", "logprobs", "top_logprobs")
 
 
 def _warmable_tokens(rr: RouteRequest) -> int:
@@ -83,30 +76,6 @@ class WarmResult:
             "source": self.source,
             "ms": round(self.ms, 3),
         }
-
-
-def deferred(instance: str, why: str, retry_after_s: int) -> OpenAIError:
-    """The warm's 429: it would compete with real work now."""
-    return OpenAIError(
-        429,
-        f"Warm deferred: {instance} {why}; a warm never delays real requests. "
-        f"Retry in {retry_after_s} s.",
-        type="rate_limit_error",
-        code="warm_deferred",
-        headers={"retry-after": str(retry_after_s)},
-    )
-
-
-class _Running:
-    """One engine warm in flight: its current engine request (`task`, None while it waits
-    for the instance's real prefills after giving way to them) and how often it gave way."""
-
-    __slots__ = ("task", "yielded", "yields")
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task[dict[str, Any]] | None = None
-        self.yielded = False  # the current request was cancelled for a real one
-        self.yields = 0
 
 
 class Warmer:
@@ -136,16 +105,15 @@ class Warmer:
         self.total = Counter(
             "warmgate_warm",
             "Warms (POST /v1/warm) by source (held, tierd, engine) and outcome "
-            "(ok, deferred, yielded, failed).",
+            "(ok, deferred, yielded, resumed, failed).",
             ["source", "outcome"],
             registry=registry,
         )
         self.tally: Tally[tuple[str, str]] = Tally()
-        self._running: dict[str, set[_Running]] = {}  # engine warms
+        self.engine = EngineWarms(
+            self.config, health, inflight, client, lambda outcome: self._count("engine", outcome)
+        )
         self._restoring: Tally[str] = Tally()  # tierd restores
-        self._quiet_waiters: dict[str, list[asyncio.Future[None]]] = {}  # yielded warms
-        inflight.on_begin.append(self._real_began)
-        inflight.on_prefilled.append(self._prefilled)
         # world versions (issue 22, item 4): new versions warmed on the zone's other instances
         self.world: WorldReplicator | None = None
         if self.config.world.enabled:
@@ -262,11 +230,10 @@ class Warmer:
             raise deferred(instance, why, self.config.retry_after_s)
         rr, decision = routed.route, routed.decision
         self.router.on_dispatch(rr, decision, instance)
-        running = _Running()
-        self._running.setdefault(instance, set()).add(running)
+        running = EngineWarm()
         ok, cached = False, None
         try:
-            answer = await self._run(parsed, instance, headers, running)
+            answer = await self.engine.run(parsed, instance, headers, running)
             ok = True
             cached = _int(_usage_details(answer), "cached_tokens", 0)  # the engine's report
             if running.yields:  # what was cached before it is the index's view of then
@@ -279,109 +246,13 @@ class Warmer:
             self._count("engine", "failed")
             raise  # the client went away: the warm's request is cancelled with it
         finally:
-            self._running[instance].discard(running)
             self.router.on_complete(
                 rr, decision, instance, ttft_s=None, reported_cached_tokens=cached, ok=ok
             )
         self._count("engine", "ok")
         return answer
 
-    async def _run(
-        self,
-        parsed: ParsedRequest,
-        instance: str,
-        headers: Mapping[str, str],
-        running: _Running,
-    ) -> dict[str, Any]:
-        """The warm's engine request, cancelled whenever a real request begins on
-        `instance` and sent again once no real request there is prefilling (the engine
-        kept what the cancelled one computed), until it completes or gives up."""
-        deadline = time.monotonic() + self.config.engine_timeout_s
-        while True:
-            running.yielded = False
-            running.task = asyncio.create_task(self._post(parsed, instance, headers))
-            try:
-                return await running.task
-            except asyncio.CancelledError:
-                this = asyncio.current_task()
-                if not running.yielded or (this is not None and this.cancelling()):
-                    raise  # not a yield: the warm itself is cancelled (its client left)
-            finally:
-                running.task = None
-            running.yields += 1
-            self._count("engine", "yielded")
-            if self.config.gives_up_on_yield() or running.yields > self.config.max_yields:
-                raise deferred(instance, "took a real request", self.config.retry_after_s)
-            if not await self._quiet(instance, deadline - time.monotonic()):
-                raise deferred(instance, "kept prefilling real requests", self.config.retry_after_s)
-            self._count("engine", "resumed")
-
-    async def _post(
-        self, parsed: ParsedRequest, instance: str, client_headers: Mapping[str, str]
-    ) -> dict[str, Any]:
-        body = {k: v for k, v in parsed.body.items() if k not in _DROPPED}
-        body["max_tokens"] = 1
-        body["stream"] = False
-        headers = {"content-type": "application/json", **client_headers}
-        spec = self.health.spec(instance)
-        if spec is not None and spec.priority_header is not None:
-            headers[spec.priority_header] = str(self.config.priority)
-        url = self.health.instance_url(instance) + _PATHS[parsed.kind]
-        try:
-            async with asyncio.timeout(self.config.engine_timeout_s):
-                r = await self.client.post(
-                    url, content=encode(body, parsed.fast_json), headers=headers
-                )
-        except (httpx.HTTPError, TimeoutError) as exc:
-            raise _failed(instance, f"{type(exc).__name__}: {exc}") from None
-        if r.status_code in (429, 503):
-            raise deferred(instance, f"answered {r.status_code}", self.config.retry_after_s)
-        if r.status_code >= 400:
-            raise _failed(instance, f"answered {r.status_code}: {r.text[:200]}")
-        try:
-            answer = r.json()
-        except ValueError:
-            raise _failed(instance, "answered a body that is not JSON") from None
-        return answer if isinstance(answer, dict) else {}
-
-    # -- yielding, accounting ------------------------------------------------------------
-
-    def _real_began(self, instance: str) -> None:
-        """An `Inflight.on_begin` hook: a real attempt started on `instance`, whose warms
-        still computing give way to it (their engine requests are cancelled)."""
-        if not self.config.yield_to_real:
-            return
-        for r in self._running.get(instance, ()):
-            if r.task is not None and not r.yielded:
-                r.yielded = True
-                r.task.cancel()
-
-    def _prefilled(self, instance: str) -> None:
-        """An `Inflight.on_prefilled` hook: once no real request on `instance` is still
-        prefilling, the warms waiting there go on."""
-        if self.inflight.prefilling(instance):
-            return
-        for waiter in self._quiet_waiters.pop(instance, ()):
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def _quiet(self, instance: str, within_s: float) -> bool:
-        """Wait until no real request on `instance` is prefilling; False after `within_s`."""
-        if not self.inflight.prefilling(instance):
-            return True
-        if within_s <= 0:
-            return False
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._quiet_waiters.setdefault(instance, []).append(waiter)
-        try:
-            await asyncio.wait_for(waiter, within_s)
-        except TimeoutError:
-            return False
-        finally:
-            waiters = self._quiet_waiters.get(instance)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
-        return True
+    # -- accounting ----------------------------------------------------------------------
 
     def _count(self, source: Source, outcome: str) -> None:
         self.total.labels(source, outcome).inc()
@@ -389,7 +260,7 @@ class Warmer:
 
     def in_flight(self, instance: str) -> int:
         """Warms in flight on `instance` (engine and tierd)."""
-        return len(self._running.get(instance, ())) + self._restoring[instance]
+        return self.engine.in_flight(instance) + self._restoring[instance]
 
     def stats(self) -> dict[str, Any]:
         """Warms by source and outcome, and those in flight per instance."""
@@ -401,15 +272,11 @@ class Warmer:
             "by_source": by,
             "world": self.world.stats() if self.world is not None else None,
             "in_flight": {
-                i: n for i in {*self._running, *self._restoring} if (n := self.in_flight(i))
+                i: n
+                for i in {*self.engine.instances(), *self._restoring}
+                if (n := self.in_flight(i))
             },
         }
-
-
-def _failed(instance: str, why: str) -> OpenAIError:
-    return OpenAIError(
-        502, f"Warm failed: {instance} {why}", type="server_error", code="warm_failed"
-    )
 
 
 def _with_cached(answer: dict[str, Any], cached: int) -> dict[str, Any]:

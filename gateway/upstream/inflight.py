@@ -42,12 +42,10 @@ class Inflight:
     def __init__(self) -> None:
         self._by_instance: dict[str, set[Attempt]] = {}
         self._prefilling: dict[str, int] = {}
-        # Pure in-memory callbacks with the instance, which must not block: `on_begin` as
-        # each attempt begins, `on_prefilled` as one stops prefilling (its first token, or
-        # its end). Warms give way to real requests and go on after their prefills
-        # (gateway/pipeline/warm.py).
+        self._prefills_done: dict[str, list[asyncio.Future[None]]] = {}  # `prefills_done`
+        # called with the instance as each attempt begins (warms give way to real requests,
+        # gateway/pipeline/warm_engine.py); pure in-memory callbacks, they must not block
         self.on_begin: list[Callable[[str], None]] = []
-        self.on_prefilled: list[Callable[[str], None]] = []
 
     def begin(self, instance: str) -> Attempt:
         attempt = Attempt(instance)
@@ -64,8 +62,10 @@ class Inflight:
         attempt.prefilling = False
         instance = attempt.instance
         self._prefilling[instance] -= 1
-        for hook in self.on_prefilled:
-            hook(instance)
+        if not self._prefilling[instance]:
+            for waiter in self._prefills_done.pop(instance, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def end(self, attempt: Attempt) -> None:
         held = self._by_instance.get(attempt.instance)
@@ -79,6 +79,24 @@ class Inflight:
     def prefilling(self, instance: str) -> int:
         """Attempts in flight on `instance` that have not had their first token."""
         return self._prefilling.get(instance, 0)
+
+    async def prefills_done(self, instance: str, within_s: float) -> bool:
+        """Wait until no attempt on `instance` is prefilling; False after `within_s`."""
+        if not self.prefilling(instance):
+            return True
+        if within_s <= 0:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._prefills_done.setdefault(instance, [])
+        waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, within_s)
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+        return True
 
     def on_unhealthy(self, instance: str, reason: str) -> None:
         """A health-checker hook: an instance marked unhealthy fails its attempts at once."""
