@@ -1,6 +1,8 @@
 """One upstream HTTP/1.1 connection of the pool (gateway/upstream/h1pool.py): an asyncio protocol
 feeding httptools' C parser, its response streamed as it arrives with back-pressure (past
-`HIGH_WATER` unread bytes the socket stops being read, until `LOW_WATER`)."""
+`HIGH_WATER` unread bytes the socket stops being read, until `LOW_WATER`). A reader that
+needs no piece the moment it arrives (an answer assembled for a client that did not stream)
+asks for them coalesced (`coalesce()`): woken once for many pieces, not once a token."""
 
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ class Connection(asyncio.Protocol):
         self._body: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
+        self._coalesce = 1  # pieces to gather before the reader is woken
+        self._last_body = 0.0  # loop time of the latest piece, while coalescing
+        self._timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -54,7 +59,13 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamReadError(f"malformed response: {exc}"))
         else:
-            self._wake()
+            if (
+                self._coalesce == 1
+                or len(self._body) >= self._coalesce
+                or self._complete
+                or self._paused
+            ):
+                self._wake()
 
     def eof_received(self) -> bool | None:
         self._lost(None)
@@ -83,6 +94,8 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
         self._buffered += len(body)
+        if self._coalesce > 1:
+            self._last_body = self._loop.time()
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -125,16 +138,22 @@ class Connection(asyncio.Protocol):
         """Until the parser has something new, the connection failed or `timeout_s` passed
         (a bare timer: asyncio.timeout() costs several times more per wait)."""
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout_s, self._time_out, waiter, timeout_s, what)
+        self._timer = self._loop.call_later(timeout_s, self._time_out, waiter, timeout_s, what)
         try:
             await waiter
         finally:
-            timer.cancel()
+            self._timer.cancel()
             self._waiter = None
 
     def _time_out(self, waiter: asyncio.Future[None], timeout_s: float, what: str) -> None:
-        if not waiter.done():
-            self._fail(UpstreamTimeout(f"no {what} within {timeout_s:g} s"))
+        if waiter.done():
+            return
+        if self._coalesce > 1:  # the reader sleeps through pieces: time runs from the last
+            due = self._last_body + timeout_s
+            if due > self._loop.time():
+                self._timer = self._loop.call_at(due, self._time_out, waiter, timeout_s, what)
+                return
+        self._fail(UpstreamTimeout(f"no {what} within {timeout_s:g} s"))
 
     def close(self) -> None:
         self.closed = True
@@ -146,6 +165,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._headers, self._head_done, self._complete = [], False, False
+        self._coalesce = 1
         self.reusable = False
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
@@ -167,15 +187,24 @@ class Connection(asyncio.Protocol):
     def headers(self) -> list[tuple[str, str]]:
         return self._headers
 
+    def coalesce(self, pieces: int) -> None:
+        """From now on hand the reader the body `pieces` arrivals at a time, joined (the last
+        fewer): one wake-up for them, each wait for more still bounded from the last piece."""
+        self._coalesce = max(1, pieces)
+
     async def next_chunk(self, read_s: float) -> bytes:
-        """The next piece of the body; b"" at its end."""
-        while not self._body:
+        """The next piece of the body (pieces, joined, when coalescing); b"" at its end."""
+        while len(self._body) < self._coalesce and not self._complete and self._error is None:
+            await self._wait(read_s, "data")
+        if not self._body:
             if self._error is not None:
                 raise self._error
-            if self._complete:
-                return b""
-            await self._wait(read_s, "data")
-        chunk = self._body.popleft()
+            return b""
+        if self._coalesce == 1:
+            chunk = self._body.popleft()
+        else:
+            chunk = b"".join(self._body)
+            self._body.clear()
         self._buffered -= len(chunk)
         if self._paused and self._buffered < LOW_WATER and self.transport is not None:
             self._paused = False

@@ -49,6 +49,10 @@ class H1Response:
         self.status_code = conn.status()
         self.headers = Headers(conn.headers())
 
+    def coalesce(self, pieces: int) -> None:
+        if self._conn is not None:
+            self._conn.coalesce(pieces)
+
     def abort(self, reason: str) -> None:
         """Fail the read in progress (and every later one) with `UpstreamTimeout(reason)`."""
         if self._conn is not None:

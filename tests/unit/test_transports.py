@@ -165,6 +165,56 @@ async def test_the_body_streams_as_it_arrives(serve: Serve, make: Make) -> None:
     assert b"".join(pieces) == b"data: 1data: 2" and pieces[0] == b"data: 1"
 
 
+async def test_a_coalescing_reader_is_woken_less_and_still_times_out_from_the_last_piece(
+    serve: Serve, make: Make
+) -> None:
+    """`coalesce()` (an assembled answer after its first token): every byte arrives, in
+    fewer reads on h1pool; a gap longer than `read_s` still fails, while pieces each within
+    `read_s` do not, however long the batch takes; the next response on the kept-alive
+    connection streams piece by piece again."""
+    server: Server
+    pieces = [b"data: %d\n\n" % i for i in range(10)]
+
+    def chunk(piece: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(piece), piece)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for i, piece in enumerate(pieces):
+                writer.write(chunk(piece))
+                await writer.drain()
+                if body == b"stall" and i == 3:
+                    await asyncio.sleep(1.0)
+                await asyncio.sleep(0.04)  # each gap well inside read_s, all ten well over
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = make(Timeouts(connect_s=1.0, read_s=0.2, write_s=1.0, pool_s=1.0))
+    r = await pool.post(target(server), {}, b"x")
+    reads = []
+    async for got in r.aiter_bytes(read_s=0.2):
+        reads.append(got)
+        r.coalesce(16)
+    await r.aclose()
+    assert b"".join(reads) == b"".join(pieces)
+    if isinstance(pool, H1Pool):
+        assert reads[0] == pieces[0] and len(reads) <= 3  # the first alone, the rest together
+
+    r = await pool.post(target(server), {}, b"stall")
+    with pytest.raises(UpstreamTimeout):
+        async for _ in r.aiter_bytes(read_s=0.2):
+            r.coalesce(16)
+    await r.aclose()
+
+    r = await pool.post(target(server), {}, b"x")
+    reads = [got async for got in r.aiter_bytes(read_s=0.2)]
+    await r.aclose()
+    assert b"".join(reads) == b"".join(pieces) and len(reads) >= 8  # not coalesced
+
+
 async def test_a_response_closed_unread_is_not_reused(serve: Serve, make: Make) -> None:
     server: Server
 
