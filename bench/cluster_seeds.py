@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from sim.cluster.hints import HintSettings
+from sim.cluster.metrics import ttft_floor
 from sim.cluster.reuse import reusable_share, share_of_reusable
 from sim.cluster.runner import Prior, run_policy
 from sim.cluster.simulator import ClusterConfig
 from sim.players.encode import to_trace
 from sim.players.params import GameParams
 from sim.players.workload import generate
+from sim.profiles import get_profile
 from sim.traces import TraceRequest, load_trace, write_mooncake
 
 RATIOS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
@@ -176,6 +178,7 @@ def run_seeds(
                 "requests": len(t),
                 "l1_tokens": l1,
                 "reusable_max": reusable_share(((r.hash_ids, r.input_length) for r in ordered), bt),
+                "ttft_floor": ttft_floor(t, bt, get_profile(base.profile)),
                 "policies": {},
             }
         pairs = [(s, p) for s in seeds for p in policies]
@@ -201,6 +204,11 @@ def run_seeds(
         row["policies"][policy] = figures
     for row in per_seed.values():
         ref = row["policies"].get(baseline)
+        floor = row["ttft_floor"]
+        # the best ratio to the baseline any router could reach (sim.cluster.floor)
+        row["floor_ratios"] = {
+            k: (floor[k] / ref[k] if ref and ref[k] > 0 else None) for k in RATIOS
+        }
         row["ratios"] = {
             p: {k: (f[k] / ref[k] if ref and ref[k] > 0 else None) for k in RATIOS}
             for p, f in row["policies"].items()
@@ -217,12 +225,18 @@ def run_seeds(
                 for k in RATIOS
             }
         summary[p] = s
+    floor_ratio = (
+        {k: _spread([per_seed[seed]["floor_ratios"][k] or 0.0 for seed in seeds]) for k in RATIOS}
+        if baseline in policies
+        else None
+    )
     return {
         "seeds": list(seeds),
         "baseline": baseline,
         "reusable_max": _spread([per_seed[s]["reusable_max"] for s in seeds]),
         "per_seed": {str(s): per_seed[s] for s in seeds},
         "summary": summary,
+        "floor_ratio": floor_ratio,  # the floor / the baseline: the best any policy could do
     }
 
 
@@ -248,6 +262,8 @@ def markdown(results: dict[str, Any]) -> str:
     for p in others:
         head += f" {p}/{baseline} p50 / p90 / p99 |"
         rule += "---|"
+    head += f" floor p50 / p90 / p99 s | floor/{baseline} |"
+    rule += "---|---|"
     lines = [head, rule]
     for seed, row in results["per_seed"].items():
         line = f"| {seed} | {row['requests']} | {row['reusable_max']:.3f} |"
@@ -260,6 +276,9 @@ def markdown(results: dict[str, Any]) -> str:
         for p in others:
             r = row["ratios"][p]
             line += " " + " / ".join(_r(r[k]) for k in RATIOS) + " |"
+        floor = row["ttft_floor"]
+        line += " " + " / ".join(f"{floor[k]:.3f}" for k in RATIOS) + " |"
+        line += " " + " / ".join(_r(row["floor_ratios"][k]) for k in RATIOS) + " |"
         lines.append(line)
 
     def spread(s: dict[str, float], digits: int = 2) -> str:
@@ -281,4 +300,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {p} | {' | '.join(cells)} | {spread(s['token_hit_rate'], 3)} "
             f"| {spread(s['share_of_reusable'], 3)} |"
         )
+    if results.get("floor_ratio"):
+        cells = [spread(results["floor_ratio"][k]) for k in RATIOS]
+        lines.append(f"| floor (no policy is below it) | {' | '.join(cells)} | - | - |")
     return "\n".join(lines)

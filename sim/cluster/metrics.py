@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 
 from contracts.tiers import Tier
+from sim.cluster.floor import ttft_floors
 from sim.cluster.reuse import reusable_share
 from sim.cluster.simulator import RunRecord
+from sim.profiles import Profile
 from sim.traces import TraceRequest
 
 TIER_LABELS = (Tier.HBM.label, Tier.HOST.label, Tier.ARRAY.label)
@@ -21,6 +23,15 @@ def upper_bound_token_hit_rate(trace: Iterable[TraceRequest], block_tokens: int)
     workload's reusable maximum (`sim.cluster.reuse`)."""
     ordered = sorted(trace, key=lambda t: t.timestamp_ms)
     return reusable_share(((t.hash_ids, t.input_length) for t in ordered), block_tokens)
+
+
+def ttft_floor(
+    trace: Iterable[TraceRequest], block_tokens: int, profile: Profile
+) -> dict[str, float]:
+    """The workload's TTFT floor at p50 / p90 / p99 (`sim.cluster.floor`), keyed as a
+    policy's figures are, by the same percentile rule: no policy's percentile is below it."""
+    floors = ttft_floors(trace, block_tokens, profile)
+    return {f"ttft_p{q}_s": _pct(floors, q) for q in (50, 90, 99)}
 
 
 def distinct_tokens(trace: Iterable[TraceRequest], block_tokens: int) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from gateway.config.settings import CalibrationSettings
 from gateway.fleet import probe_plan
 from router.policies.base import CalibrationSample
+from sim.cluster.floor import lone_ttft_s
 from sim.profiles import Profile
 
 _DEFAULTS = CalibrationSettings()
@@ -23,14 +24,7 @@ PROBE_BUDGET_S = _DEFAULTS.probe_timeout_s  # and `calibration.probe_timeout_s`
 
 def probe_ttft(profile: Profile, tokens: int) -> float:
     """Seconds to the first token of a lone cold prompt of `tokens` on an idle instance."""
-    done = 0
-    ttft = 0.0
-    budget = max(1, profile.max_batch_tokens)
-    while done < tokens:
-        chunk = min(budget, tokens - done)
-        ttft += profile.prefill_seconds(chunk, done)
-        done += chunk
-    return ttft
+    return lone_ttft_s(profile, tokens)
 
 
 def probe_samples(

@@ -17,25 +17,33 @@ from collections.abc import Iterable, Sequence
 from router.errors import BlockSizeError
 
 
-def reusable_tokens(
+def reusable_by_request(
     requests: Iterable[tuple[Sequence[int], int]], block_tokens: int
-) -> tuple[int, int]:
-    """(reusable, total) prompt tokens over `(block chain, prompt tokens)` pairs in arrival
-    order."""
+) -> list[int]:
+    """Each request's reusable prompt tokens, over `(block chain, prompt tokens)` pairs in
+    arrival order."""
     if block_tokens <= 0:
         raise BlockSizeError("block_tokens must be positive")
     seen: set[int] = set()
-    reusable = total = 0
+    out: list[int] = []
     for chain, prompt_tokens in requests:
         m = 0
         for h in chain:
             if h not in seen:
                 break
             m += 1
-        reusable += min(m * block_tokens, prompt_tokens)
-        total += prompt_tokens
+        out.append(min(m * block_tokens, prompt_tokens))
         seen.update(chain)
-    return reusable, total
+    return out
+
+
+def reusable_tokens(
+    requests: Iterable[tuple[Sequence[int], int]], block_tokens: int
+) -> tuple[int, int]:
+    """(reusable, total) prompt tokens over `(block chain, prompt tokens)` pairs in arrival
+    order."""
+    pairs = list(requests)
+    return sum(reusable_by_request(pairs, block_tokens)), sum(n for _, n in pairs)
 
 
 def reusable_share(requests: Iterable[tuple[Sequence[int], int]], block_tokens: int) -> float:

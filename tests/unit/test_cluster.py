@@ -14,7 +14,8 @@ from bench.cluster_cli import main as bench_cluster_main
 from contracts.tiers import Tier
 from router.index import ARRAY
 from router.policies.registry import default_registry
-from sim.cluster.metrics import summarise, upper_bound_token_hit_rate
+from sim.cluster.floor import lone_ttft_s, ttft_floors
+from sim.cluster.metrics import summarise, ttft_floor, upper_bound_token_hit_rate
 from sim.cluster.probe import probe_samples, probe_ttft
 from sim.cluster.reuse import reusable_share, reusable_tokens, share_of_reusable
 from sim.cluster.runner import run_policy
@@ -235,6 +236,29 @@ def test_the_reusable_maximum_counts_leading_blocks_an_earlier_request_computed(
     assert share_of_reusable(0.0, 0.0) is None
 
 
+def test_the_ttft_floor_is_each_request_alone_with_every_earlier_block_and_none_beats_it() -> None:
+    # far apart on one instance with room for everything, each request's TTFT is its floor
+    trace = [_req(0, [1, 2, 3, 4], 40), _req(1000, [1, 2, 3, 5], 40), _req(2000, [9], 10)]
+    _, run = _run(trace, ClusterConfig(instances=1, block_tokens=10, l1_tokens=1000))
+    assert ttft_floors(trace, 10, SIMPLE) == pytest.approx([0.040, 0.010, 0.010])
+    assert [r.ttft_s for r in run.requests] == pytest.approx([0.040, 0.010, 0.010])
+    assert lone_ttft_s(SIMPLE, 40, 40) == pytest.approx(0.001)  # the last token is computed
+    # a busy fleet with little memory: every request at or above its floor, by any policy,
+    # and so is every percentile
+    busy = [dataclasses.replace(r, timestamp_ms=r.timestamp_ms / 10) for r in _mixed_trace()]
+    floors = ttft_floors(busy, 10, SIMPLE)
+    bound = ttft_floor(busy, 10, SIMPLE)
+    above = 0
+    for policy in ("round_robin", "prefix", "ttft"):
+        _, run = _run(busy, ClusterConfig(instances=2, block_tokens=10, l1_tokens=200), policy)
+        ttfts = [r.ttft_s for r in sorted(run.requests, key=lambda r: r.idx)]
+        assert all(t is not None and t >= f - 1e-12 for t, f in zip(ttfts, floors, strict=True))
+        above += sum(1 for t, f in zip(ttfts, floors, strict=True) if t is not None and t > f)
+        figures = summarise(policy, run)
+        assert all(figures[k] >= bound[k] - 1e-12 for k in bound)
+    assert above > 0  # the fleet was busy enough for queues to show
+
+
 def test_the_simulated_probe_is_what_an_idle_instance_charges_a_lone_cold_prompt() -> None:
     # 10,000 tokens: two chunks of the 8,192-token budget on the simple profile
     cfg = ClusterConfig(instances=1, block_tokens=100, l1_tokens=20_000)
@@ -281,13 +305,18 @@ def test_bench_cluster_runs_many_seeds_with_medians_and_spreads(
                 figures["token_hit_rate"] / row["reusable_max"]
             )
         prefix, ttft = row["policies"]["prefix"], row["policies"]["ttft"]
+        floor = row["ttft_floor"]["ttft_p99_s"]
+        assert 0 < floor <= min(prefix["ttft_p99_s"], ttft["ttft_p99_s"])
+        assert row["floor_ratios"]["ttft_p99_s"] == pytest.approx(floor / prefix["ttft_p99_s"])
         ratio = row["ratios"]["ttft"]["ttft_p99_s"]
         assert ratio == pytest.approx(ttft["ttft_p99_s"] / prefix["ttft_p99_s"])
         ratios.append(ratio)
     spread = data["summary"]["ttft"]["ratio"]["ttft_p99_s"]
     assert spread["min"] == min(ratios) and spread["max"] == max(ratios)
     assert spread["median"] == sorted(ratios)[1]
+    assert data["floor_ratio"]["ttft_p99_s"]["max"] <= 1.0
     assert "| ttft |" in md.read_text() and "| ttft |" in capsys.readouterr().out
+    assert "| floor (no policy is below it) |" in md.read_text()
 
 
 def test_bench_cluster_refuses_a_bad_seed_spec(tmp_path: Path) -> None:

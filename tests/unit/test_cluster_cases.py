@@ -4,6 +4,7 @@ real `warmgate bench cluster` files (a one-minute game trace, so it takes second
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ def test_two_labels_run_and_compare_on_real_simulator_files(tmp_path: Path) -> N
     table = compare(tmp_path, ["a", "b"], TINY)
     assert "| tiny (2) | a |" in table and "| tiny (2) | b |" in table
     assert table.count("\n| t | ") == 1
+    # each case's median floor / prefix at p99 (a minute of 12 players queues nowhere: 1.00)
+    assert re.search(r"\(1\.00; floor 1\.00\)", table)
 
 
 def test_ratios_are_ttft_over_prefix_per_seed_and_the_counts_follow_the_targets() -> None:
@@ -43,6 +46,12 @@ def test_ratios_are_ttft_over_prefix_per_seed_and_the_counts_follow_the_targets(
     assert s["p50_over_1"] == 1 and s["p99_over_0.8"] == 1 and s["p99_over_1"] == 1
     assert s["p50_geomean"] == pytest.approx((1.1 * 0.5) ** 0.5)
     assert ratios({"policies": pols(2.0, 1.0)})[0].seed == "-"  # a trace without seeds
+    assert s["floor_p99_over_0.8"] == 0  # files from before the floor count none
+    result["per_seed"]["1"]["ttft_floor"] = {"ttft_p99_s": 3.6}  # prefix's p99 is 4.0
+    result["per_seed"]["2"]["ttft_floor"] = {"ttft_p99_s": 1.0}
+    rows = ratios(result)
+    assert [r.floor_p99 for r in rows] == pytest.approx([0.9, 0.25])
+    assert summary(rows)["floor_p99_over_0.8"] == 1
 
 
 def test_an_unknown_case_is_named_in_the_error() -> None:
