@@ -346,6 +346,15 @@ class TtftCostModel:
             return self._pooled_k
         return m.k
 
+    def recompute_s_per_token(self, instance: str) -> float:
+        """Seconds `instance` takes to compute one more prompt token, as calibrated: its own
+        prefill curve (from its join probe, else the profile's) times its speed factor, as
+        `predict` prices its prefill. The unit of everything the `ttft` policy charges for
+        recomputing KV (the reuse price, KV pushed out): never the prior's own, which may be
+        an engine several times faster or slower than the one recomputing."""
+        p = self._params.get(instance, self.params)
+        return self.speed_factor(instance) * p.prefill_per_token_s
+
     # -- the model ----------------------------------------------------------------------
 
     def predict(

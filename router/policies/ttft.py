@@ -30,6 +30,10 @@ went to p99 1.8x prefix's). Each candidate is scored
                  + reuse_price x recompute_time(tokens given up)
                  + recompute_time(active KV pushed out)
 
+where recompute_time is the candidate's own, as calibrated (`TtftCostModel.
+recompute_s_per_token`: its probe's prefill curve times its speed factor), so a price is in
+the same seconds as the TTFT it is weighed against, whatever the prior's engine was.
+
 - `imposed_delay` is the first-order delay the request's GPU work w adds to later arrivals
   on that instance (prefill is first come, first served): rate x (queue_wait x w + w^2/2).
   The rate is the fleet's arrival rate (measured over `rate_window_s`) shared among
@@ -59,11 +63,14 @@ went to p99 1.8x prefix's). Each candidate is scored
   is hard: only candidates whose given-up tokens fit the budget's allowance qualify, as
   extra work then only lengthens every queue; unless (`saturated_budget="unless_faster"`,
   the default) another candidate's predicted TTFT, with the recompute of the cache it
-  gives up charged once more for the requests queued behind it, still beats the fastest
-  permitted one. A burst (a world event: a hundred lines of one zone in three seconds)
-  saturates the fleet while its queues are far apart: hard, the budget kept every line
-  on the zone's two instances at 5-7 s while two others predicted 1.5-2 s for 1,792 of
-  10k tokens given up (game seed 15, the p99's 36 requests all in that burst).
+  gives up charged again for each arrival expected behind it while it waits there (the
+  instance's arrival rate x its queue wait, at least one), still beats the fastest
+  permitted one. Charged once (the rule before), Mooncake at twice its rate went to p99
+  1.13x prefix's once the price was in calibrated seconds; with each arrival, 0.97x. A
+  burst (a world event: a hundred lines of one zone in three seconds) saturates the
+  fleet while its queues are far apart: hard, the budget kept every line on the zone's
+  two instances at 5-7 s while two others predicted 1.5-2 s for 1,792 of 10k tokens
+  given up (game seed 15, the p99's 36 requests all in that burst).
 - `active KV pushed out` prices HBM capacity. A session's turns follow its KV, so the
   instance a session is placed on holds its KV for its whole dialogue. Each instance's
   working set is the KV its active sessions computed there (`router.footprints`); when
@@ -308,8 +315,6 @@ class TtftPolicy(Policy):
         # later arrivals per second at each instance: the fleet's rate, shared in proportion
         # to the requests each serves (their follow-ups come back to it)
         per_request = arrivals.rate(now) / (in_flight_total + len(candidates))
-        per_token_s = self.model.params.prefill_per_token_s
-        reuse_s = reuse.price * per_token_s
         allowed = [s for s in scored if s.view.in_flight < cap] or scored
         saturated = min(s.pred.queue_wait_s for s in allowed) > max(
             s.pred.prefill_s for s in allowed
@@ -320,9 +325,12 @@ class TtftPolicy(Policy):
         # streams then is not who is in flight now
         stall_weight = 0.0 if saturated or 2 * cached_anywhere >= prompt else self.stall_weight
         self.footprints.expire(now)
+        recompute_s = self.model.recompute_s_per_token
         for s in scored:
-            s.imposed_s = s.pred.imposed_delay_s(per_request * (s.view.in_flight + 1))
-            s.reuse_s = reuse_s * (most - s.cached) if most > s.cached else 0.0
+            per_token_s = recompute_s(s.view.id)  # on the instance that would recompute
+            s.arrivals_per_s = per_request * (s.view.in_flight + 1)
+            s.imposed_s = s.pred.imposed_delay_s(s.arrivals_per_s)
+            s.reuse_s = reuse.price * per_token_s * (most - s.cached) if most > s.cached else 0.0
             s.pushed_out_s = per_token_s * self._pushed_out(s.view.id, prompt - s.cached)
             s.stall_s = stall_weight * s.view.in_flight * s.pred.work_s
             s.score = s.pred.ttft_s + s.imposed_s + s.stall_s + s.reuse_s + s.pushed_out_s
@@ -331,19 +339,23 @@ class TtftPolicy(Policy):
     def _within_budget(self, allowed: list[Scored], reuse: ReuseBudget, most: int) -> list[Scored]:
         """Saturated, the candidates the reuse budget's allowance permits, and (with
         `saturated_budget="unless_faster"`) any other whose predicted TTFT, with the
-        recompute of the cache it gives up charged once more for the requests behind it,
-        still beats the fastest permitted one: a burst's long queue is left for a short one
-        only where the move wins more than the work it adds."""
+        recompute of the cache it gives up charged again for each arrival expected behind
+        it while it waits (at least one), still beats the fastest permitted one: a burst's
+        long queue is left for a short one only where the move wins more than the work it
+        adds."""
         permitted = [s for s in allowed if reuse.permits(most - s.cached)]
         if self.saturated_budget == "hard":  # never empty: the most cached loses nothing
             return permitted
-        per_token_s = self.model.params.prefill_per_token_s
+        recompute_s = self.model.recompute_s_per_token
         fastest = min(s.pred.ttft_s for s in permitted)
-        return [
-            s
-            for s in allowed
-            if s in permitted or s.pred.ttft_s + per_token_s * (most - s.cached) < fastest
-        ]
+
+        def added_s(s: Scored) -> float:
+            # the recompute, paid again by each arrival expected behind it while it waits
+            # (at least one: the rule before counted exactly one)
+            behind = max(1.0, s.arrivals_per_s * s.pred.queue_wait_s)
+            return recompute_s(s.view.id) * (most - s.cached) * behind
+
+        return [s for s in allowed if s in permitted or s.pred.ttft_s + added_s(s) < fastest]
 
     def _pushed_out(self, instance: str, computed_tokens: int) -> int:
         """Tokens of active sessions' KV that computing `computed_tokens` more on `instance`

@@ -39,6 +39,7 @@ class Scored:
     stall_s: float = 0.0
     reuse_s: float = 0.0
     pushed_out_s: float = 0.0
+    arrivals_per_s: float = 0.0  # later arrivals a second at its instance, as imposed_s counts
 
 
 def tie_key(session: str | None) -> Callable[[Scored], tuple[int, int, int]]:

@@ -228,6 +228,26 @@ def test_a_saturated_fleet_leaves_a_long_queue_for_a_much_shorter_one() -> None:
     assert "saturated" in d.reason
 
 
+def test_a_saturated_move_pays_its_recompute_for_each_arrival_expected_behind_it() -> None:
+    """Saturated, b holds half the prompt behind three times a's queue. With no arrivals to
+    speak of the move to a wins more than twice its recompute and is made; with a stream of
+    arrivals, every one that comes to a while the request waits there is delayed by the
+    recompute too (not just one), and the cache stays on b."""
+    views = [
+        _view("a", in_flight=6, queued=100_000),
+        _view("b", l1=140, in_flight=6, queued=300_000),
+    ]
+    assert _policy().choose(_req(), views).instance == "a"
+    policy = _policy()
+    empty = [InstanceView(id="a"), InstanceView(id="b")]
+    for _ in range(10):  # arrivals two a second (the test clock steps 0.5 s a reading)
+        d = policy.choose(_req(blocks=1), empty)
+        policy.on_dispatch(_req(blocks=1), d, d.instance, BT)
+    d = policy.choose(_req(), views)
+    assert d.instance == "b"
+    assert "saturated" in d.reason
+
+
 def test_a_hard_saturated_budget_keeps_the_cache_whatever_the_queues() -> None:
     d = _policy(saturated_budget="hard").choose(_req(), BURST)
     assert d.instance == "b"
@@ -427,3 +447,28 @@ def test_the_join_probe_prices_a_slow_instance_slow_before_any_outcome() -> None
     after = predicted()
     assert after["b"] == pytest.approx(20 * after["a"], rel=1e-6)
     assert after["a"] == pytest.approx(0.3 * before["a"], rel=1e-6)
+
+
+def test_the_reuse_price_is_charged_in_the_recomputing_instances_calibrated_seconds() -> None:
+    """The reuse price is a multiple of the recompute time on the instance that would
+    recompute, as calibrated: engines probed 5x faster than the prior are charged 5x less
+    for the same tokens given up than the prior's own per-token time would say, the same
+    seconds their TTFTs are predicted in."""
+    policy = _policy()
+    prior = TtftCostModel()
+    for name in ("a", "b"):
+        samples = [
+            CalibrationSample(n, 0.2 * prior.predict(
+                name, prompt_tokens=n, cached_tokens_by_tier={}, in_flight=0,
+                queued_prefill_tokens=0,
+            ).compute_s)
+            for n in (256, 1024, 4096)
+        ]  # fmt: skip
+        policy.calibrate(name, samples)
+    per_token = policy.model.recompute_s_per_token("b")
+    assert per_token == pytest.approx(0.2 * prior.params.prefill_per_token_s, rel=1e-6)
+    policy.reuse.price = 4.0
+    d = policy.preview(_req(), [_view("a", l1=280), _view("b")])
+    terms = {c.instance: c.score_terms for c in d.candidates}
+    assert terms["a"]["reuse_price_s"] == 0.0
+    assert terms["b"]["reuse_price_s"] == pytest.approx(4.0 * per_token * 280 * BT, rel=1e-6)

@@ -253,7 +253,7 @@ def test_a_robust_gain_of_the_request_itself_stands_against_a_price(
     own_gain: bool, expected: str
 ) -> None:
     """Predictions off by 0.3 on both: a is predicted 23 s, prefix's b 47 s, so even a's
-    late end (x e^0.3) beats b's early end (x e^-0.3). a's score also carries 5 s of KV it
+    late end (x e^0.3) beats b's early end (x e^-0.3). a's score also carries about 5 s of KV it
     would push out of a full HBM, a price the error band does not widen: the score test
     alone keeps b; with `own_gain` (the default) a robust gain for the request and a
     lower score are enough."""
@@ -261,8 +261,10 @@ def test_a_robust_gain_of_the_request_itself_stands_against_a_price(
     assert PrefixPolicy().choose(_req(), views).instance == "b"
     policy = TtftPolicy(clock=Clock(), trust_min_observations=20, robust_own_gain=own_gain)
     _observe(policy, 40, off_by=1.35)
-    policy.set_kv_capacity("a", 1000)
-    policy.footprints.record("resident", "a", 5000, 1e9)  # a's HBM is its sessions' already
+    # a's sessions hold 5,000 tokens; this prompt's 19,200 overflow 20,200 by 4,000, priced
+    # at a's calibrated speed (the seconds its TTFT is predicted in)
+    policy.set_kv_capacity("a", 20_200)
+    policy.footprints.record("resident", "a", 5000, 1e9)
     d = policy.choose(_req(), views)
     assert d.instance == expected
     scores = {c.instance: c.score_terms for c in d.candidates}
