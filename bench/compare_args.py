@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bench.compare_repeats import DEFAULT_LOAD_MARGIN
@@ -57,6 +58,25 @@ def gateway_env(entries: Sequence[str], gateways: Sequence[str]) -> dict[str, di
             raise ValueError(f"--gateway-env {entry!r}: {name} is not one of warmgate's")
         out.setdefault(name, {})[key] = value
     return out
+
+
+def source_trees(
+    entries: Sequence[str], gateways: Sequence[str], env: dict[str, dict[str, str]]
+) -> None:
+    """`--tree NAME=DIR` entries into `env`: warmgate gateway NAME (one of `gateways`) runs
+    from the source tree DIR (an earlier commit's checkout, its C extensions built or
+    copied), its packages ahead of this checkout's on the path, as `bench overhead --tree`
+    runs one: a before/after of code in one rotated comparison."""
+    for entry in entries:
+        name, eq, tree = entry.partition("=")
+        if not (name and eq and tree):
+            raise ValueError(f"--tree {entry!r}: not NAME=DIR")
+        if name not in gateways or base_gateway(name) not in WARMGATE_POLICIES:
+            raise ValueError(f"--tree {entry!r}: {name} is not one of warmgate's in --gateways")
+        if not (Path(tree) / "gateway" / "cli.py").is_file():
+            raise ValueError(f"--tree {entry!r}: {tree} holds no warmgate source tree")
+        # -P's variable: the working directory (this checkout) is not put ahead of the tree
+        env.setdefault(name, {}).update({"PYTHONSAFEPATH": "1", "PYTHONPATH": tree})
 
 
 def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.Namespace:
@@ -129,6 +149,12 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         f"warmgate-ttft{VARIANT_MARK}off:WARMGATE_ROUTING__PRECISE__SEGMENT_CACHE_TOKENS=0",
     )  # fmt: skip
     p.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=DIR",
+        help="warmgate gateway NAME (a variant in --gateways) runs from the source tree DIR, "
+        f"an earlier commit's checkout with its C extensions built, e.g. "
+        f"warmgate-ttft{VARIANT_MARK}before=/tmp/before: a before/after of code in one run",
+    )  # fmt: skip
+    p.add_argument(
         "--tiers",
         action="store_true",
         help="vllm: a tierd with the KV connector beside each engine for warmgate's runs",
@@ -193,6 +219,7 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         p.error("--repeats must be at least 1")
     try:
         args.gateway_env = gateway_env(args.gateway_env, args.gateways.split(","))
+        source_trees(args.tree, args.gateways.split(","), args.gateway_env)
     except ValueError as exc:
         p.error(str(exc))
     defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from bench.compare_args import gateway_env, parse_args
-from bench.peers import base_gateway, peer_missing
+from bench.compare_args import gateway_env, parse_args, source_trees
+from bench.peers import REPO, base_gateway, peer_missing
 
 
 def test_a_variant_runs_its_base_under_its_own_name() -> None:
@@ -58,3 +63,29 @@ def test_the_command_line_refuses_a_bad_entry(capsys: pytest.CaptureFixture[str]
          "--gateway-env", "warmgate-ttft@x:WARMGATE_GC__YOUNG=5"]
     )  # fmt: skip
     assert args.gateway_env == {"warmgate-ttft@x": {"WARMGATE_GC__YOUNG": "5"}}
+
+
+def test_a_tree_runs_a_variant_from_another_checkout(tmp_path: Path) -> None:
+    """`--tree NAME=DIR`: the variant's process imports warmgate from DIR, even started
+    from this checkout (as bench compare starts it: `python -m gateway.cli` here)."""
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "__init__.py").write_text("")
+    (tmp_path / "gateway" / "cli.py").write_text("print(__file__)\n")
+    args = parse_args(
+        ["--workload", "game", "--gateways", "warmgate-ttft,warmgate-ttft@before",
+         "--tree", f"warmgate-ttft@before={tmp_path}"]
+    )  # fmt: skip
+    env = args.gateway_env["warmgate-ttft@before"]
+    assert "warmgate-ttft" not in args.gateway_env
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.cli"],
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert run.stdout.strip() == str(tmp_path / "gateway" / "cli.py")
+    for bad, why in (
+        (f"smg={tmp_path}", "is not one of warmgate's in --gateways"),
+        ("warmgate-ttft@before", "not NAME=DIR"),
+        (f"warmgate-ttft@before={tmp_path / 'nowhere'}", "holds no warmgate source tree"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            source_trees([bad], ["warmgate-ttft@before", "smg"], {})
