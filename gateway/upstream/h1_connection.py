@@ -194,7 +194,12 @@ class Connection(asyncio.Protocol):
 
     async def next_chunk(self, read_s: float) -> bytes:
         """The next piece of the body (pieces, joined, when coalescing); b"" at its end."""
-        while len(self._body) < self._coalesce and not self._complete and self._error is None:
+        while (
+            len(self._body) < self._coalesce
+            and not self._complete
+            and not self._paused  # the socket waits for this reader: take what there is
+            and self._error is None
+        ):
             await self._wait(read_s, "data")
         if not self._body:
             if self._error is not None:
