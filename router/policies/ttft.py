@@ -327,7 +327,7 @@ class TtftPolicy(Policy):
         self.footprints.expire(now)
         recompute_s = self.model.recompute_s_per_token
         for s in scored:
-            per_token_s = recompute_s(s.view.id)  # on the instance that would recompute
+            per_token_s = s.recompute_s = recompute_s(s.view.id)  # where it would recompute
             s.arrivals_per_s = per_request * (s.view.in_flight + 1)
             s.imposed_s = s.pred.imposed_delay_s(s.arrivals_per_s)
             s.reuse_s = reuse.price * per_token_s * (most - s.cached) if most > s.cached else 0.0
@@ -346,14 +346,13 @@ class TtftPolicy(Policy):
         permitted = [s for s in allowed if reuse.permits(most - s.cached)]
         if self.saturated_budget == "hard":  # never empty: the most cached loses nothing
             return permitted
-        recompute_s = self.model.recompute_s_per_token
         fastest = min(s.pred.ttft_s for s in permitted)
 
         def added_s(s: Scored) -> float:
             # the recompute, paid again by each arrival expected behind it while it waits
             # (at least one: the rule before counted exactly one)
             behind = max(1.0, s.arrivals_per_s * s.pred.queue_wait_s)
-            return recompute_s(s.view.id) * (most - s.cached) * behind
+            return s.recompute_s * (most - s.cached) * behind
 
         return [s for s in allowed if s in permitted or s.pred.ttft_s + added_s(s) < fastest]
 

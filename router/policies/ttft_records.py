@@ -40,6 +40,7 @@ class Scored:
     reuse_s: float = 0.0
     pushed_out_s: float = 0.0
     arrivals_per_s: float = 0.0  # later arrivals a second at its instance, as imposed_s counts
+    recompute_s: float = 0.0  # seconds its instance takes to recompute a token (calibrated)
 
 
 def tie_key(session: str | None) -> Callable[[Scored], tuple[int, int, int]]:

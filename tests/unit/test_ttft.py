@@ -422,6 +422,19 @@ def test_commits_at_dispatch_for_the_instance_used_and_pairs_outcomes_by_decisio
     assert policy.model.snapshot() == reference.snapshot()
 
 
+def _probe(policy: TtftPolicy, name: str, speed: float) -> None:
+    """The join probe of an engine `speed` times the prior's (its TTFT / the prior's)."""
+    prior = TtftCostModel()
+    samples = [
+        CalibrationSample(n, speed * prior.predict(
+            name, prompt_tokens=n, cached_tokens_by_tier={}, in_flight=0,
+            queued_prefill_tokens=0,
+        ).compute_s)
+        for n in (256, 1024, 4096)
+    ]  # fmt: skip
+    policy.calibrate(name, samples)
+
+
 def test_the_join_probe_prices_a_slow_instance_slow_before_any_outcome() -> None:
     """`calibrate` with the probe's cold TTFTs: b measured 20x slower than a is predicted
     20x slower for the first routed request, where unprobed both are the prior's."""
@@ -434,16 +447,8 @@ def test_the_join_probe_prices_a_slow_instance_slow_before_any_outcome() -> None
 
     before = predicted()
     assert before["a"] == pytest.approx(before["b"])
-    prior = TtftCostModel()
     for name, speed in (("a", 0.3), ("b", 6.0)):
-        samples = [
-            CalibrationSample(n, speed * prior.predict(
-                name, prompt_tokens=n, cached_tokens_by_tier={}, in_flight=0,
-                queued_prefill_tokens=0,
-            ).compute_s)
-            for n in (256, 1024, 4096)
-        ]  # fmt: skip
-        policy.calibrate(name, samples)
+        _probe(policy, name, speed)
     after = predicted()
     assert after["b"] == pytest.approx(20 * after["a"], rel=1e-6)
     assert after["a"] == pytest.approx(0.3 * before["a"], rel=1e-6)
@@ -457,14 +462,7 @@ def test_the_reuse_price_is_charged_in_the_recomputing_instances_calibrated_seco
     policy = _policy()
     prior = TtftCostModel()
     for name in ("a", "b"):
-        samples = [
-            CalibrationSample(n, 0.2 * prior.predict(
-                name, prompt_tokens=n, cached_tokens_by_tier={}, in_flight=0,
-                queued_prefill_tokens=0,
-            ).compute_s)
-            for n in (256, 1024, 4096)
-        ]  # fmt: skip
-        policy.calibrate(name, samples)
+        _probe(policy, name, 0.2)
     per_token = policy.model.recompute_s_per_token("b")
     assert per_token == pytest.approx(0.2 * prior.params.prefill_per_token_s, rel=1e-6)
     policy.reuse.price = 4.0
