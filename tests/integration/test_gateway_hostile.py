@@ -227,15 +227,19 @@ def test_an_idle_keep_alive_connection_outlives_a_clients_pool_expiry(fleet: Fle
 
 def test_two_thousand_idle_connections_are_shed_and_the_gateway_stays_ready(fleet: Fleet) -> None:
     idle = []
+    started = time.monotonic()
     for _ in range(2000):
         idle.append(socket.create_connection(("127.0.0.1", fleet.port), timeout=10))
+    opening_s = time.monotonic() - started
     try:
-        # past the cap they are closed at once; the rest by the header deadline
+        # past the cap they are closed at once; the rest by the header deadline, which frees
+        # at most the cap's 400 slots for each second (header_timeout_s) the opening took
         for s in idle:
             s.settimeout(5)
         answers = [_read_all(s) for s in idle]
         assert all(a.startswith((b"HTTP/1.1 503", b"HTTP/1.1 408")) for a in answers)
-        assert sum(a.startswith(b"HTTP/1.1 503") for a in answers) >= 2000 - 400
+        admitted = 400 * (1 + int(opening_s / 1.0))
+        assert sum(a.startswith(b"HTTP/1.1 503") for a in answers) >= 2000 - admitted
     finally:
         for s in idle:
             s.close()
