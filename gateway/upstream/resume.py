@@ -2,7 +2,14 @@
 healthy instance serving the model), each asked with the continuations of
 gateway/upstream/continuation.py, best first (by token ids, then by text: a 4xx to a
 token-id prompt, an instance that cannot take one, is asked by text), under the same
-first-byte deadline as a first attempt."""
+first-byte deadline as a first attempt.
+
+When no instance is left that this stream has not failed on, an instance it failed on
+that still passes its health checks is asked again, each once a stream: the ones cut
+longest ago first, the one just cut last. A stream cut a second time on a two-engine fleet
+(the survivor of a fault, overloaded, silent past `stall_s`) used to end with an error
+event; asked again from the token ids sent, the engine that stalled (or the one that failed
+first, back by then) finishes the same answer."""
 
 from __future__ import annotations
 
@@ -21,25 +28,40 @@ log = logging.getLogger("warmgate.proxy")
 def resumer(
     state: AppState, life: RequestLifecycle, path: str, headers: dict[str, str], order: list[str]
 ) -> Resume:
-    tried: set[str] = set()
+    tried: list[str] = []  # asked to continue this stream, in order
+    again: set[str] = set()  # asked a second time, once nothing new was left
 
     async def resume(sent: SoFar) -> Resumed | None:
         ways = continuations(life.parsed, sent, path)
         if not ways:
             return None
-        healthy = life.candidates()
+        candidates = life.candidates()
+        healthy = set(candidates)
         failed = set(sent.continued_from)
-        todo = [i for i in dict.fromkeys([*order, *healthy]) if i in healthy]
-        for instance in todo:
-            if instance in failed or instance in tried:
-                continue
-            tried.add(instance)
-            for way in ways:
-                resumed, refused = await _try(state, life, instance, headers, way)
-                if resumed is not None:
+        for instance in dict.fromkeys([*order, *candidates]):
+            if instance in healthy and instance not in failed and instance not in tried:
+                tried.append(instance)
+                if resumed := await _ask(instance, ways):
                     return resumed
-                if not refused:
-                    break  # the instance failed, not the way of asking: the next instance
+        # nothing new left: where this stream has been, the one just cut last
+        before = list(dict.fromkeys([*sent.continued_from, *tried]))
+        if sent.continued_from:
+            before.remove(sent.continued_from[-1])
+            before.append(sent.continued_from[-1])
+        for instance in before:
+            if instance in healthy and instance not in again:
+                again.add(instance)
+                if resumed := await _ask(instance, ways):
+                    return resumed
+        return None
+
+    async def _ask(instance: str, ways: list[Continuation]) -> Resumed | None:
+        for way in ways:
+            resumed, refused = await _try(state, life, instance, headers, way)
+            if resumed is not None:
+                return resumed
+            if not refused:
+                break  # the instance failed, not the way of asking: the next instance
         return None
 
     return resume

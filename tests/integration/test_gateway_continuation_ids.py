@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -184,4 +185,78 @@ def test_engine_without_token_ids_is_continued_by_text_and_counted(tmp_path: Pat
         assert '_ids":' not in raw
         assert _metric(fleet, "text") == "1.0" and _metric(fleet, "token_ids") is None
     finally:
+        fleet.stop()
+
+
+def _cuts(comments: list[str]) -> list[int]:
+    """Tokens sent before each continuation, from the comments that announce them."""
+    found = [re.search(r"after (\d+) tokens .* by token ids$", c) for c in comments]
+    return [int(f.group(1)) for f in found if f is not None]
+
+
+def test_a_stream_cut_again_with_nowhere_new_to_go_is_asked_again_where_it_stalled(
+    tmp_path: Path,
+) -> None:
+    # the chaos run's second cut: the survivor of a SIGKILL, silent past stall_s (here
+    # SIGSTOPped for twice that), is the only instance left; its health checks may fail
+    # for longer than the stop without taking it out of the candidates
+    health = {**HEALTH, "failure_threshold": 100}
+    settings = {
+        **SETTINGS,
+        "health": health,
+        "timeouts": {"stall_s": 1.0, "first_byte_s": 20.0},
+    }
+    fleet = Fleet(tmp_path, 2, time_scale=0.3, settings=settings, engine_args=("--seed", "5"))
+    fleet.start()
+    try:
+        body = {
+            "model": MODEL,
+            "prompt": "The ballad of the river keep",
+            "max_tokens": TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
+        with (
+            httpx.Client(base_url=fleet.base, timeout=60) as c,
+            c.stream("POST", "/v1/completions", json=body) as s,
+        ):
+            first = next(e for e in fleet.engines if e.id == s.headers["x-warmgate-instance"])
+            other = next(e for e in fleet.engines if e is not first)
+            assert first.proc is not None and other.proc is not None
+            raw, killed, stopped = "", False, False
+            for text in s.iter_text():
+                raw += text
+                if raw.count("data: ") >= 5 and not killed:
+                    os.killpg(first.proc.proc.pid, signal.SIGKILL)
+                    killed = True
+                if "warmgate continued" in raw and raw.count("data: ") >= 30 and not stopped:
+                    os.killpg(other.proc.proc.pid, signal.SIGSTOP)
+                    threading.Timer(2.0, os.killpg, (other.proc.proc.pid, signal.SIGCONT)).start()
+                    stopped = True
+        assert stopped
+        assert '"error"' not in raw
+        chunks, comments = _events(raw)
+        k1, k2 = _cuts(comments)
+        assert 0 < k1 < k2 < TOKENS
+        where = [re.findall(r"continued on (\S+)", c) for c in comments]
+        assert [w for found in where for w in found] == [other.id, other.id]
+        choices = [ch["choices"][0] for ch in chunks if ch["choices"]]
+        got = [t for ch in choices for t in ch["token_ids"]]
+        assert len(got) == TOKENS
+        prompt = httpx.post(f"{other.url}/tokenize", json={"prompt": body["prompt"]}).json()
+        ids = prompt["tokens"]
+        # each continuation is what the survivor says after exactly the tokens sent before it
+        again = _direct(other.url, "/v1/completions", {**body, "prompt": ids + got[:k1]})
+        assert got[k1:k2] == [t for c in again for t in c["choices"][0]["token_ids"]][: k2 - k1]
+        tail = _direct(
+            other.url,
+            "/v1/completions",
+            {**body, "prompt": ids + got[:k2], "max_tokens": TOKENS - k2},
+        )
+        assert got[k2:] == [t for c in tail for t in c["choices"][0]["token_ids"]]
+    finally:
+        for engine in fleet.engines:
+            if engine.proc is not None and engine.proc.proc.poll() is None:
+                os.killpg(engine.proc.proc.pid, signal.SIGCONT)
         fleet.stop()
