@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from contracts.errors import UpstreamError as WarmgateUpstreamError
 from gateway.errors import sse_error_event
-from gateway.json_codec import decode
+from gateway.json_codec import decode, encode
 from gateway.pipeline.lifecycle import RequestLifecycle
 from gateway.upstream.aggregate import StreamAggregator
 from gateway.upstream.continuation import SoFar, Stitcher, so_far
@@ -152,7 +152,12 @@ async def assemble(life: RequestLifecycle, instance: str, resp: UpstreamResponse
     headers = {
         k: v for k, v in response_headers(resp, life, instance).items() if k != "content-type"
     }
-    return JSONResponse(aggregator.result(), status_code=resp.status_code, headers=headers)
+    return Response(
+        encode(aggregator.result(), relay.fast),
+        status_code=resp.status_code,
+        headers=headers,
+        media_type="application/json",
+    )
 
 
 async def whole(life: RequestLifecycle, instance: str, resp: UpstreamResponse) -> Response:

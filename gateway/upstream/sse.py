@@ -38,6 +38,9 @@ class SseRelay:
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     events: int = 0
+    # every chunk decoded was read by orjson (no NaN/Infinity): what was built from them
+    # may be encoded by orjson too (gateway/json_codec.py)
+    fast: bool = True
     _buffer: bytes = field(default=b"", repr=False)
     _cr: bool = field(default=False, repr=False)  # the last piece ended in a held-back CR
 
@@ -101,6 +104,7 @@ class SseRelay:
             return frame
         if not isinstance(chunk, dict):
             return frame
+        self.fast = self.fast and fast
         if isinstance(chunk.get("error"), dict):
             self.error = chunk["error"]
             return frame

@@ -48,6 +48,10 @@ class Handler(BaseHTTPRequestHandler):
         with_usage = (body.get("stream_options") or {}).get("include_usage")
         frames = [chunk({"role": "assistant", "content": ""}),
                   chunk({"content": "Hail"})]
+        if body.get("logprobs"):  # a token the engine found impossible: json writes -Infinity
+            lp = {"content": [{"token": "Hail", "logprob": float("-inf"), "top_logprobs": []}]}
+            frames[1] = frames[1].replace(b'"finish_reason"', b'"logprobs": '
+                                          + json.dumps(lp).encode() + b', "finish_reason"')
         if with_usage:
             frames.append(chunk({}, USAGE, choices=False))
         frames.append(b"data: [DONE]\n\n")
@@ -133,6 +137,20 @@ def test_a_non_stream_request_is_streamed_upstream_and_assembled(fleet: Fleet) -
     answer = r.json()
     assert answer["choices"][0]["message"]["content"] == "Hail"
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
+def test_an_assembled_answer_keeps_what_the_engine_wrote_beyond_strict_json(
+    fleet: Fleet,
+) -> None:
+    # a logprob of -Infinity (Python's json writes it; strict encoders refuse it): the
+    # assembled answer says what the engine said, not a 500
+    body = {"model": "echo-model", "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(f"{fleet.base}/v1/chat/completions", json={**body, "logprobs": True})
+    assert r.status_code == 200, r.text
+    assert "-Infinity" in r.text
+    answer = json.loads(r.text)
+    assert answer["choices"][0]["message"]["content"] == "Hail"
+    assert answer["choices"][0]["logprobs"]["content"][0]["logprob"] == float("-inf")
 
 
 def test_fast_routes_keep_the_usual_answers_around_them(fleet: Fleet) -> None:
