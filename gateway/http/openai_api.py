@@ -50,7 +50,15 @@ async def _serve(request: Request, kind: Kind, responses: bool = False) -> Respo
         await enforce(state.limits, request, parsed)
         if state.warmer is not None:  # world versions (gateway/pipeline/world_replicate.py)
             state.warmer.note(parsed, request.headers)
-        served = await proxy_completion(state, request, parsed, _PATHS[kind], request_id, priority)
+        served = await proxy_completion(
+            state,
+            request,
+            parsed,
+            _PATHS[kind],
+            request_id,
+            priority,
+            report_after_send=call is None,  # a Responses answer is translated first
+        )
         return served if call is None else await answer(call, served)
     except OpenAIError as err:
         _count_refusal(state, err)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from fastapi.responses import Response
 from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
 
 from gateway.config.warm import PrioritySettings
 from gateway.errors import (
@@ -104,9 +106,14 @@ async def proxy_completion(
     path: str,
     request_id: str,
     priority: RequestPriority = NONE,
+    *,
+    report_after_send: bool = True,
 ) -> Response:
     """Serve one `/v1/chat/completions` or `/v1/completions` request (`priority`: its class
-    and TTFT deadline, gateway/pipeline/priority.py)."""
+    and TTFT deadline, gateway/pipeline/priority.py). A whole answer's end is reported (the
+    lifecycle's close: router hooks, metrics, stats, the log line) once the answer has been
+    handed to the client, off its path, unless `report_after_send` is False (a caller that
+    does not send the answer as it is: it is reported before it is returned)."""
     started = time.monotonic()
     trace = state.tracing.begin(request.scope["headers"])  # gateway.observe.tracing
     pipeline = state.pipeline
@@ -123,9 +130,33 @@ async def proxy_completion(
     except BaseException:
         life.close()
         raise
-    if not isinstance(response, RelayResponse):
-        life.close()  # a stream's own cleanup closes it when it ends
-    return response
+    if isinstance(response, RelayResponse):
+        return response  # a stream's own cleanup closes it when it ends
+    if not report_after_send:
+        life.close()
+        return response
+    return ReportedAfterSend(response, life.close)
+
+
+class ReportedAfterSend(Response):
+    """A whole answer, as rendered, whose request's end (`report`) runs once the answer has
+    been handed to the server, however sending ends. The send itself does not yield to the
+    event loop (its bytes go to the socket's buffer), so nothing else the gateway serves
+    can see the request before its end is reported."""
+
+    def __init__(self, answer: Response, report: Callable[[], None]) -> None:
+        # not Response.__init__: the answer is rendered already (body and headers)
+        self.status_code = answer.status_code
+        self.body = answer.body
+        self.raw_headers = answer.raw_headers
+        self.background = answer.background
+        self._report = report
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._report()
 
 
 async def _attempts(

@@ -73,6 +73,8 @@ class SoFar:
     created: int | None = None
     finished: bool = False  # a finish_reason was sent: nothing left to continue
     continued_from: list[str] = field(default_factory=list)
+    # of those, the ones it went silent on past `stall_s` (overloaded, stopped), not cut
+    stalled_on: list[str] = field(default_factory=list)
     prompt_ids: list[int] | None = None  # the prompt's token ids, when the engine said
     token_ids: list[int] = field(default_factory=list)  # the ids generated so far
     ids_missing: bool = False  # a chunk with text came without its ids

@@ -30,7 +30,7 @@ from gateway.upstream.inflight import Attempt
 from gateway.upstream.sse import SseRelay
 from gateway.upstream.token_ids import client_wants as client_wants_ids
 from gateway.upstream.token_ids import strip as strip_ids
-from gateway.upstream.transport import TransportError, UpstreamResponse
+from gateway.upstream.transport import TransportError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("warmgate.proxy")
 
@@ -263,6 +263,7 @@ class _Relay:
         self.strip_ids = resume is not None and not client_wants_ids(life.parsed)
         self.stitch: Stitcher | None = None
         self.continued_from: list[str] = []
+        self.stalled_on: list[str] = []  # of those, where it went silent past stall_s
         self.closed = False  # the current engine response, closed
 
     def _out(self, pieces: list[bytes]) -> list[bytes]:
@@ -308,6 +309,8 @@ class _Relay:
                         failure, detail = "truncated", "ended the stream early"
                 except TransportError as exc:
                     failure, detail = "midstream", f"failed mid-stream ({type(exc).__name__})"
+                    if isinstance(exc, UpstreamTimeout):
+                        self.stalled_on.append(self.instance)
                 if failure is None:
                     break
                 life.midstream_error(self.instance, failure)
@@ -350,6 +353,7 @@ class _Relay:
             return None
         self.continued_from.append(self.instance)
         sent.continued_from = list(self.continued_from)
+        sent.stalled_on = list(self.stalled_on)
         resumed = await self.resume(sent)
         if resumed is None:
             life.continuation("failed")

@@ -4,12 +4,14 @@ gateway/upstream/continuation.py, best first (by token ids, then by text: a 4xx 
 token-id prompt, an instance that cannot take one, is asked by text), under the same
 first-byte deadline as a first attempt.
 
-When no instance is left that this stream has not failed on, an instance it failed on
-that still passes its health checks is asked again, each once a stream: the ones cut
-longest ago first, the one just cut last. A stream cut a second time on a two-engine fleet
-(the survivor of a fault, overloaded, silent past `stall_s`) used to end with an error
-event; asked again from the token ids sent, the engine that stalled (or the one that failed
-first, back by then) finishes the same answer."""
+When no instance is left that this stream has not failed on, an instance it went silent
+on (past `stall_s`, not a broken connection) that still passes its health checks is asked
+again, each once a stream: the one that stalled longest ago first, the one just cut last. A
+stream cut a second time on a two-engine fleet (the survivor of a fault, overloaded,
+silent past `stall_s`) used to end with an error event; asked again from the token ids
+sent, the engine that stalled (or the one that stalled first, back by then) finishes the
+same answer. An instance that broke the stream's connection is not asked again: what cut
+it once would likely cut it again."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ log = logging.getLogger("warmgate.proxy")
 def resumer(
     state: AppState, life: RequestLifecycle, path: str, headers: dict[str, str], order: list[str]
 ) -> Resume:
-    tried: list[str] = []  # asked to continue this stream, in order
+    tried: set[str] = set()  # asked to continue this stream
     again: set[str] = set()  # asked a second time, once nothing new was left
 
     async def resume(sent: SoFar) -> Resumed | None:
@@ -40,15 +42,16 @@ def resumer(
         failed = set(sent.continued_from)
         for instance in dict.fromkeys([*order, *candidates]):
             if instance in healthy and instance not in failed and instance not in tried:
-                tried.append(instance)
+                tried.add(instance)
                 if resumed := await _ask(instance, ways):
                     return resumed
-        # nothing new left: where this stream has been, the one just cut last
-        before = list(dict.fromkeys([*sent.continued_from, *tried]))
-        if sent.continued_from:
-            before.remove(sent.continued_from[-1])
-            before.append(sent.continued_from[-1])
-        for instance in before:
+        # nothing new left: where this stream went silent before, the one just cut last
+        stalled = list(dict.fromkeys(sent.stalled_on))
+        last = sent.continued_from[-1] if sent.continued_from else None
+        if last in stalled:
+            stalled.remove(last)
+            stalled.append(last)
+        for instance in stalled:
             if instance in healthy and instance not in again:
                 again.add(instance)
                 if resumed := await _ask(instance, ways):
