@@ -26,13 +26,14 @@ from bench.overhead_ab import start_warmgate
 from bench.peers import Fleet, FleetSpec
 
 MODEL = "sim-overhead"
-PHASES = ("body_read", "parsed", "decided", "posting", "head", "first_token", "read_all")
-PHASES += ("response_built", "sent")
+PHASES: tuple[str, ...] = ("body_read", "parsed", "decided", "posting", "head")
+PHASES += ("first_token", "read_all", "response_built", "sent")
 OUT = Path("/tmp/phases.json")
 
 
 async def _pairs(c: httpx.AsyncClient, gw: str, engine: str, n: int, gap_s: float) -> float:
-    direct, through = [], []
+    direct: list[float] = []
+    through: list[float] = []
     for i in range(n):
         for url, into in ((engine, direct), (gw, through)):
             got = await _one(c, url, _body(i, MODEL, False), False)
@@ -40,7 +41,7 @@ async def _pairs(c: httpx.AsyncClient, gw: str, engine: str, n: int, gap_s: floa
                 into.append(got)
             if gap_s:
                 await asyncio.sleep(gap_s)
-    return (statistics.median(through) - statistics.median(direct)) * 1000.0
+    return float(statistics.median(through) - statistics.median(direct)) * 1000.0
 
 
 async def measure(tree: str, n: int) -> dict[str, float]:
