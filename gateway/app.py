@@ -112,17 +112,18 @@ def build_health_pages(settings: Settings) -> EnginePages:
 def build_state(settings: Settings) -> AppState:
     metrics = GatewayMetrics()
     client = build_client(settings)
+    upstream = build_upstream(settings)
     health_pages = build_health_pages(settings)
     state = AppState(
         settings=settings,
         client=client,
-        upstream=build_upstream(settings),
+        upstream=upstream,
         metrics=metrics,
         stats=GatewayStats(settings.stats_window_s, settings.stats_window_max),
         health=HealthChecker(settings.instances, settings.health, health_pages, metrics),
         router=build_router(settings.routing),
         prefetch=PrefetchHints(
-            settings.instances, metrics, client, enabled=settings.tiers.prefetch
+            settings.instances, metrics, client, upstream, enabled=settings.tiers.prefetch
         ),
         started_at=time.time(),
         access=Access(settings),

@@ -30,6 +30,15 @@ import httpx
 from contracts.errors import UpstreamError
 from contracts.tiers import TIERD_ARENA
 
+PREFETCH_PATH = "/v1/prefetch"
+
+
+def prefetch_body(
+    hashes: Sequence[int], deadline_s: float, session: str | None = None, *, wait: bool = False
+) -> dict[str, Any]:
+    """The body of a prefetch hint (`POST PREFETCH_PATH`), for any HTTP client."""
+    return {"hashes": list(hashes), "deadline_s": deadline_s, "session": session, "wait": wait}
+
 
 class TierdError(UpstreamError, RuntimeError):
     """tierd answered with an error status."""
@@ -84,8 +93,8 @@ class TierdClient:
     ) -> dict[str, Any]:
         """Ask for a chain in L1 within `deadline_s`. `wait=True` answers the outcome
         (`hit`, `on_time`, `late`, `abandoned`, `miss` counts) after at most the deadline."""
-        body = {"hashes": list(hashes), "deadline_s": deadline_s, "session": session, "wait": wait}
-        result: dict[str, Any] = await self._json("POST", "/v1/prefetch", body)
+        body = prefetch_body(hashes, deadline_s, session, wait=wait)
+        result: dict[str, Any] = await self._json("POST", PREFETCH_PATH, body)
         return result
 
     async def lookup(self, hashes: Sequence[int]) -> dict[str, Any]:

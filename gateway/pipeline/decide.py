@@ -154,8 +154,10 @@ class RequestPipeline:
         tiers = self.settings.tiers
         return PrefetchPlan(instance, list(chain), tiers.prefetch_deadline_s, parsed.session_key)
 
-    def send_prefetch(self, routed: Routed) -> None:
-        """Start the hint in the background (it never delays the request)."""
+    def send_prefetch(self, routed: Routed) -> bool:
+        """Start the hint in the background (it never delays the request); True when one was
+        started (its first step, which writes it, runs on the loop's next turn)."""
         plan = routed.prefetch
-        if plan is not None:
-            self.prefetch.hint(plan.instance, plan.chain, plan.deadline_s, plan.session)
+        if plan is None:
+            return False
+        return self.prefetch.hint(plan.instance, plan.chain, plan.deadline_s, plan.session)

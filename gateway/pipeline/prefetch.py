@@ -1,10 +1,16 @@
 """The gateway's side of tierd: prefetch hints and tier statistics.
 
 Before a request is proxied, the chosen instance's tierd is told which block chain is coming
-and by when (`TierdClient.prefetch(hashes, deadline_s)`), in a background task: the hint
-never delays the request, and its failure is counted, never raised. The same clients poll
-tierd's stats so the routing policy can use measured tier bandwidths (`set_bandwidths`).
-An instance without a `tierd_url` gets no hints.
+and by when (`POST /v1/prefetch`, tierd.client's `prefetch_body`), in a background task: the
+hint never delays the request, and its failure is counted, never raised. Hints go over the
+proxy's own upstream pool (`gateway/upstream/h1pool.py`): on a kept-alive connection its
+first step writes the hint, so a proxy that lets that step run before posting the request
+(`RequestPipeline.send_prefetch`, then one turn of the loop) has the hint on tierd's socket
+before the engine has the request, whose lookup it races (prefetches late at 28 players:
+6-8%, docs/BENCHMARKS.md "The tail with tiers"), and at a fraction of an httpx request's
+CPU. The tierd clients (httpx) poll tierd's stats so the routing policy can use measured
+tier bandwidths (`set_bandwidths`), and carry the restores a warm waits for. An instance
+without a `tierd_url` gets no hints.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ from typing import Any
 import httpx
 
 from gateway.config.settings import InstanceSettings
+from gateway.json_codec import encode
 from gateway.observe.metrics import GatewayMetrics
-from tierd.client import TierdClient
+from gateway.upstream.transport import Target, UpstreamTransport, target_of
+from tierd.client import PREFETCH_PATH, TierdClient, TierdError, prefetch_body
+
+_HINT_HEADERS = {"content-type": "application/json"}
 
 log = logging.getLogger("warmgate.prefetch")
 
@@ -32,6 +42,7 @@ class PrefetchHints:
         instances: Sequence[InstanceSettings],
         metrics: GatewayMetrics,
         client: httpx.AsyncClient,
+        upstream: UpstreamTransport,
         *,
         enabled: bool,
         max_pending: int = 10_000,
@@ -41,7 +52,9 @@ class PrefetchHints:
         self._max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
         self.clients: dict[str, TierdClient] = {}
+        self._hint_targets: dict[str, Target] = {}
         self._client = client
+        self._upstream = upstream
         for inst in instances:
             self.add(inst)
 
@@ -49,10 +62,12 @@ class PrefetchHints:
         """A tierd client for `inst` when it names a tierd (runtime fleet changes too)."""
         if inst.tierd_url:
             self.clients[inst.id] = TierdClient(inst.tierd_url, client=self._client)
+            self._hint_targets[inst.id] = target_of(inst.tierd_url.rstrip("/") + PREFETCH_PATH)
 
     def remove(self, instance_id: str) -> None:
-        # The shared httpx client stays open: it belongs to the app, not to this tierd.
+        # The shared httpx client and upstream pool stay open: they belong to the app.
         self.clients.pop(instance_id, None)
+        self._hint_targets.pop(instance_id, None)
 
     @property
     def available(self) -> bool:
@@ -65,14 +80,17 @@ class PrefetchHints:
     def hint(
         self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None = None
     ) -> bool:
-        """Start a prefetch hint in the background; False when none was sent."""
-        client = self.clients.get(instance)
-        if not self._enabled or client is None or not hashes:
+        """Start a prefetch hint in the background (its first step, on the next turn of the
+        loop, writes it when a kept-alive connection to that tierd is idle); False when none
+        was sent."""
+        target = self._hint_targets.get(instance)
+        if not self._enabled or target is None or not hashes:
             return False
         if len(self._pending) >= self._max_pending:  # tierd is not keeping up: drop hints
             self._metrics.prefetch_hints.labels("dropped").inc()
             return False
-        task = asyncio.create_task(self._send(instance, client, list(hashes), deadline_s, session))
+        body = encode(prefetch_body(hashes, deadline_s, session))
+        task = asyncio.create_task(self._send(instance, target, body, deadline_s))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
         return True
@@ -90,16 +108,17 @@ class PrefetchHints:
         self._metrics.prefetch_hints.labels("sent").inc()
         return result
 
-    async def _send(
-        self,
-        instance: str,
-        client: TierdClient,
-        hashes: list[int],
-        deadline_s: float,
-        session: str | None,
-    ) -> None:
+    async def _send(self, instance: str, target: Target, body: bytes, deadline_s: float) -> None:
         try:
-            await asyncio.wait_for(client.prefetch(hashes, deadline_s, session), deadline_s)
+            # asyncio.timeout, not wait_for: no task of its own, so the write is this step's
+            async with asyncio.timeout(deadline_s):
+                resp = await self._upstream.post(target, _HINT_HEADERS, body, deadline_s)
+                try:
+                    answer = await resp.aread()
+                finally:
+                    await resp.aclose()
+            if resp.status_code >= 400:
+                raise TierdError(resp.status_code, answer.decode(errors="replace"))
         except Exception as exc:  # a hint is advice: its failure never reaches the request
             self._metrics.prefetch_hints.labels("failed").inc()
             log.debug("prefetch hint to %s failed: %r", instance, exc)
