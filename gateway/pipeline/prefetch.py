@@ -6,9 +6,9 @@ hint never delays the request, and its failure is counted, never raised. Hints g
 proxy's own upstream pool (`gateway/upstream/h1pool.py`): on a kept-alive connection its
 first step writes the hint, so a proxy that lets that step run before posting the request
 (`RequestPipeline.send_prefetch`, then one turn of the loop) has the hint on tierd's socket
-before the engine has the request, whose lookup it races (prefetches late at 28 players:
-6-8%, docs/BENCHMARKS.md "The tail with tiers"), and at a fraction of an httpx request's
-CPU. The tierd clients (httpx) poll tierd's stats so the routing policy can use measured
+before the engine has the request, whose lookup it races (sent after the request, a few
+hints a run reached tierd after the engine's ask: docs/BENCHMARKS.md "The hint ahead of its
+request"), and at a fraction of an httpx request's CPU. The tierd clients (httpx) poll tierd's stats so the routing policy can use measured
 tier bandwidths (`set_bandwidths`), and carry the restores a warm waits for. An instance
 without a `tierd_url` gets no hints.
 """
