@@ -8,9 +8,9 @@ first step writes the hint, so a proxy that lets that step run before posting th
 (`RequestPipeline.send_prefetch`, then one turn of the loop) has the hint on tierd's socket
 before the engine has the request, whose lookup it races (sent after the request, a few
 hints a run reached tierd after the engine's ask: docs/BENCHMARKS.md "The hint ahead of its
-request"), and at a fraction of an httpx request's CPU. The tierd clients (httpx) poll tierd's stats so the routing policy can use measured
-tier bandwidths (`set_bandwidths`), and carry the restores a warm waits for. An instance
-without a `tierd_url` gets no hints.
+request"), and at a fraction of an httpx request's CPU. The tierd clients (httpx) poll
+tierd's stats so the routing policy can use measured tier bandwidths (`set_bandwidths`), and
+carry the restores a warm waits for. An instance without a `tierd_url` gets no hints.
 """
 
 from __future__ import annotations
