@@ -7,6 +7,11 @@ from the TTFT, which is measured from the moment a request is sent. Requests are
 completions with `stream_options.include_usage`, so each record gets:
 
 - `ttft_s`: send -> first chunk carrying generated text;
+- `first_token_s`: send -> first chunk carrying a generated token, even one whose text is
+  empty (`gateway.upstream.sse.has_token`): what an engine's own TTFT counts, so the time
+  outside the engines compares like with like (a random-weight model's first tokens often
+  print nothing: its first text came several decode steps after its first token, and 36
+  of 154 answers of one seed never printed any);
 - `gaps_s`: the times between successive text chunks (inter-token gaps);
 - `e2e_s`: send -> end of stream;
 - `status`, `error`, usage (`prompt_tokens`, `completion_tokens`, `cached_tokens` from
@@ -35,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import httpx
+
+from gateway.upstream.sse import has_token
 
 # Checked in order: warmgate's own, the engine's (smg passes it through unchanged, LiteLLM
 # prefixes upstream headers with `llm_provider-`), LiteLLM's deployment id (bench.peers sets
@@ -75,6 +82,7 @@ class RequestRecord:
     status: int = 0
     ok: bool = False
     ttft_s: float | None = None
+    first_token_s: float | None = None  # the first token's chunk, its text empty or not
     e2e_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
@@ -199,6 +207,8 @@ async def send_one(
                     record.error = json.dumps(chunk["error"])[:300]
                     return
                 now = time.perf_counter()
+                if record.first_token_s is None and has_token(chunk):
+                    record.first_token_s = now - start
                 if _chunk_text(chunk):
                     if last is None:
                         record.ttft_s = now - start

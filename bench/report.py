@@ -109,6 +109,10 @@ def summarize(
     e_count = sum(d.ttft_count for d in (engines or {}).values())
     engine_ttft = e_sum / e_count * k if e_count else None
     mean_ttft = float(np.mean(ttft)) if ttft else None
+    # against the engines' TTFT, the client's first token (text or not) of every answer that
+    # had one: what the engines counted, not the first text of the answers that printed some
+    first = [r.first_token_s * k for r in records if r.first_token_s is not None]
+    mean_first = float(np.mean(first)) if first else None
     return {
         "requests": len(records),
         "requests_ok": len(ok),
@@ -118,10 +122,12 @@ def summarize(
         "ttft_p99_s": _r(pct(ttft, 99)),
         "ttft_mean_s": _r(mean_ttft),
         # the engines' own TTFT (arrival at the engine -> first token) and what is left of
-        # the client's: the gateway, the network and the client's own overhead
+        # the client's time to its first token: the gateway, the network and the client's
+        # own overhead
         "engine_ttft_mean_s": _r(engine_ttft),
+        "first_token_mean_s": _r(mean_first),
         "outside_engine_ttft_mean_s": _r(
-            mean_ttft - engine_ttft if mean_ttft is not None and engine_ttft is not None else None
+            mean_first - engine_ttft if mean_first is not None and engine_ttft is not None else None
         ),
         "tpot_p50_s": _r(pct(tpot, 50), 5),
         "itl_p99_s": _r(pct(gaps, 99), 5),

@@ -4,10 +4,13 @@ request (`bench.replay`'s `trace`), the gateway continues it, vLLM's `llm_reques
 tierd's connector spans join it (`bench compare --breakdown` turns all three on).
 
 Parts of a request's client-side TTFT, each measured on one clock:
-- `gateway`: TTFT less the gateway's engine leg (first-token event on its `upstream attempt`
-  less the attempt's start): the way in and out between client and gateway, parsing,
-  admission, decide, relaying the first token; `dispatch` is its part before the attempt
-  starts (request span start to attempt start);
+- `first_text`: the client's TTFT (its first text) less its first token (`first_token_s`, a
+  token whose text may be empty, as the gateway and vLLM count one): decode steps that
+  printed nothing; the parts below divide the time to the first token;
+- `gateway`: the client's first token less the gateway's engine leg (first-token event on
+  its `upstream attempt` less the attempt's start): the way in and out between client and
+  gateway, parsing, admission, decide, relaying the first token; `dispatch` is its part
+  before the attempt starts (request span start to attempt start);
 - `engine_http`: the engine leg less vLLM's own TTFT: the engine's HTTP server, chat template
   and tokenizer before the request reaches the engine core, and the first token's way back;
 - `queue` (vLLM's `time_in_queue`), `prefill` (`time_in_model_prefill`) and `engine_other`
@@ -31,7 +34,7 @@ from bench.otlp_sink import SpanSink, attributes
 from bench.replay import RequestRecord
 
 REQUEST_SPAN_PREFIX = "POST /v1/"
-PARTS = ("gateway", "dispatch", "engine_http", "queue", "prefill", "engine_other")
+PARTS = ("first_text", "gateway", "dispatch", "engine_http", "queue", "prefill", "engine_other")
 INSIDE = ("lookup", "load")  # inside queue or prefill
 TAIL_SHARE = 0.05
 
@@ -146,6 +149,14 @@ def _group(rows: Sequence[tuple[float, dict[str, float]]]) -> dict[str, Any]:
     }
 
 
+def _parts(
+    ttft_s: float, first_token_s: float | None, spans: Iterable[tuple[str, Any]]
+) -> dict[str, float]:
+    """`parts_of` the time to the first token, and the text's lag behind it."""
+    first = ttft_s if first_token_s is None else min(first_token_s, ttft_s)
+    return {"first_text": ttft_s - first, **parts_of(first, spans)}
+
+
 def breakdown(
     records: Sequence[RequestRecord],
     traces: Mapping[str, Sequence[tuple[str, Any]]],
@@ -154,7 +165,7 @@ def breakdown(
     """The parts of the slowest `tail_share` of the answered requests and of all of them;
     None when no request was traced."""
     rows = [
-        (r.ttft_s, parts_of(r.ttft_s, traces.get(r.trace_id, ())))
+        (r.ttft_s, _parts(r.ttft_s, r.first_token_s, traces.get(r.trace_id, ())))
         for r in records
         if r.ok and r.ttft_s is not None and r.trace_id
     ]

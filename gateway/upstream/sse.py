@@ -108,7 +108,7 @@ class SseRelay:
         if isinstance(chunk.get("error"), dict):
             self.error = chunk["error"]
             return frame
-        if not self.saw_content and _has_content(chunk):
+        if not self.saw_content and has_token(chunk):
             self.saw_content = True
         if self.on_chunk is not None:
             self.on_chunk(chunk)
@@ -123,7 +123,7 @@ class SseRelay:
         return b"data: " + encode(chunk, fast) + b"\n\n"
 
 
-def _has_content(chunk: dict[str, Any]) -> bool:
+def has_token(chunk: dict[str, Any]) -> bool:
     """The chunk carries a generated token, even one whose text is empty (a special token
     the engine does not print): a completion choice with `text`, or a chat delta that is
     not the opening role-only delta. TTFT is when the first token came, not the first

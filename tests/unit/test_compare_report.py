@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from bench.engine_metrics import EngineDelta
 from bench.replay import RequestRecord, instance_from_headers, predicted_from_headers
 from bench.report import prediction_accuracy, render_markdown, summarize
 
@@ -93,3 +96,20 @@ def test_the_report_shows_tierd_and_the_prefetch_on_time_share() -> None:
     md = render_markdown({"name": "t", "gateways": {"warmgate-ttft": {**summary, **tiers}}})
     assert "## tierd" in md and "**87.5%**" in md and "| 8 | 1280 |" in md
     assert "## tierd" not in render_markdown({"name": "t", "gateways": {"smg": summary}})
+
+
+def test_time_outside_the_engines_is_measured_to_the_first_token_of_every_answer() -> None:
+    # the engines counted a first token for all three answers; the client's first text came
+    # two decode steps later on one, and never on another (its tokens printed nothing)
+    def record(i: int, first: float, text: float | None) -> RequestRecord:
+        r = RequestRecord(index=i, scheduled_s=0.0, sent=True, status=200, ok=text is not None)
+        r.first_token_s, r.ttft_s = first, text
+        return r
+
+    records = [record(0, 0.11, 0.11), record(1, 0.21, 0.31), record(2, 0.14, None)]
+    engines = {"e0": EngineDelta(requests=3, ttft_sum=0.30, ttft_count=3)}
+    summary = summarize(records, engines)
+    assert summary["errors"] == 1  # the answer with no text
+    assert summary["ttft_mean_s"] == pytest.approx(0.21)  # first text, answers with text
+    assert summary["first_token_mean_s"] == pytest.approx(0.46 / 3, abs=1e-4)  # rounded
+    assert summary["outside_engine_ttft_mean_s"] == pytest.approx(0.46 / 3 - 0.10, abs=1e-4)

@@ -92,3 +92,17 @@ def test_the_tail_is_the_slowest_five_percent() -> None:
     table = markdown({"warmgate-ttft": out, "peer": None})
     assert "warmgate-ttft slowest 5%" in table and "peer" not in table
     assert breakdown([RequestRecord(index=0, scheduled_s=0.0, ok=True)], {}) is None
+
+
+def test_decode_steps_that_printed_nothing_are_their_own_part() -> None:
+    # the client's first token came at 120 ms, its first text at 170 ms
+    rec = RequestRecord(index=0, scheduled_s=0.0, ok=True, trace_id=f"{1:032x}")
+    rec.first_token_s, rec.ttft_s = 0.120, 0.170
+    out = breakdown([rec], {rec.trace_id: trace(0.100, 0.060, 0.030)})
+    assert out is not None
+    parts = out["all"]["parts"]
+    assert parts["first_text"]["mean_s"] == pytest.approx(0.050)
+    assert parts["gateway"]["mean_s"] == pytest.approx(0.120 - 0.105)  # to the first token
+    assert sum(parts[name]["mean_s"] for name in ("first_text", "gateway", "engine_http")) + sum(
+        parts[name]["mean_s"] for name in ("queue", "prefill", "engine_other")
+    ) == pytest.approx(0.170, abs=1e-3)
