@@ -183,8 +183,11 @@ async def test_each_replica_sees_the_others_in_flight_load(fleet: Fleet) -> None
     long = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell the whole saga. " * 20}],
-        "max_tokens": 5000,
-        "ignore_eos": True,  # vLLM sampling extension: run to max_tokens (about 4 s here)
+        # vLLM sampling extension: run to max_tokens (about 16 s here; closed at the end, so
+        # it costs nothing but outlasts the checks on a loaded machine: at 5,000 tokens the
+        # streams once ended before replica B's view had synced them all)
+        "max_tokens": 20_000,
+        "ignore_eos": True,
         "stream": True,
     }
     async with httpx.AsyncClient(timeout=60) as client:
