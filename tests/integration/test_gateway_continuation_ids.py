@@ -33,6 +33,16 @@ CHAT = {
     "stream": True,
 }
 
+# a completions client that asked for token ids itself
+COMPLETION_WITH_IDS = {
+    "model": MODEL,
+    "prompt": "The ballad of the river keep",
+    "max_tokens": TOKENS,
+    "ignore_eos": True,
+    "stream": True,
+    "return_token_ids": True,
+}
+
 
 def _events(raw: str) -> tuple[list[dict[str, Any]], list[str]]:
     chunks, comments = [], []
@@ -138,14 +148,7 @@ def test_completions_client_asking_for_ids_sees_them_once_each(tmp_path: Path) -
     fleet = Fleet(tmp_path, 2, time_scale=0.3, settings=SETTINGS, engine_args=("--seed", "5"))
     fleet.start()
     try:
-        body = {
-            "model": MODEL,
-            "prompt": "The ballad of the river keep",
-            "max_tokens": TOKENS,
-            "ignore_eos": True,
-            "stream": True,
-            "return_token_ids": True,
-        }
+        body = COMPLETION_WITH_IDS
         raw, survivor = _cut(fleet, "/v1/completions", body)
         chunks, comments = _events(raw)
         k, mode = _sent_tokens(comments)
@@ -209,14 +212,7 @@ def test_a_stream_cut_again_with_nowhere_new_to_go_is_asked_again_where_it_stall
     fleet = Fleet(tmp_path, 2, time_scale=0.3, settings=settings, engine_args=("--seed", "5"))
     fleet.start()
     try:
-        body = {
-            "model": MODEL,
-            "prompt": "The ballad of the river keep",
-            "max_tokens": TOKENS,
-            "ignore_eos": True,
-            "stream": True,
-            "return_token_ids": True,
-        }
+        body = COMPLETION_WITH_IDS
         with (
             httpx.Client(base_url=fleet.base, timeout=60) as c,
             c.stream("POST", "/v1/completions", json=body) as s,
