@@ -45,12 +45,9 @@ def resumer(
                 tried.add(instance)
                 if resumed := await _ask(instance, ways):
                     return resumed
-        # nothing new left: where this stream went silent before, the one just cut last
-        stalled = list(dict.fromkeys(sent.stalled_on))
-        last = sent.continued_from[-1] if sent.continued_from else None
-        if last in stalled:
-            stalled.remove(last)
-            stalled.append(last)
+        # nothing new left: where this stream went silent before, by when it last did (the
+        # one just cut last)
+        stalled = list(dict.fromkeys(reversed(sent.stalled_on)))[::-1]
         for instance in stalled:
             if instance in healthy and instance not in again:
                 again.add(instance)
