@@ -15,8 +15,8 @@ the totals are that replay's (plus one warm-up request per engine). Figures:
   before the engine asked), ``prefetch_late_absent_at_hint`` (in no tier when hinted),
   ``prefetch_late_hint_after_ask`` (the engine asked before the hint came; vLLM's retries
   of a waiting request, ``prefetch_reasked``, are not asks of their own), the
-  prefetches' own outcomes (``prefetch_outcomes``: hit, on_time, late, abandoned at the
-  hint's deadline, miss) and L1's evictions.
+  prefetches' own outcomes (``prefetch_outcomes``: passed over as held by the engine,
+  hit, on_time, late, abandoned at the hint's deadline, miss) and L1's evictions.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class StoreCounters:
 
     bytes_moved: Counter[str] = field(default_factory=Counter)  # by direction
     hits: Counter[str] = field(default_factory=Counter)  # by tier: l1, array, snapshot, miss
-    prefetch: Counter[str] = field(default_factory=Counter)  # hit/on_time/late/abandoned/miss
+    prefetch: Counter[str] = field(default_factory=Counter)  # tierd.prefetch.OUTCOMES
     evictions: Counter[str] = field(default_factory=Counter)  # by tier
     demotions: Counter[str] = field(default_factory=Counter)  # l1_to_array, array_to_snapshot
     corrupt: Counter[str] = field(default_factory=Counter)  # by tier

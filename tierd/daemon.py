@@ -18,6 +18,7 @@ from tierd.hints import HintLedger
 from tierd.kvserver import KvServer
 from tierd.loader import Loader
 from tierd.prefetch import ChainPrefetcher
+from tierd.residency import EngineResidency
 from tierd.settings import TierdSettings
 from tierd.snapshotter import Snapshotter
 from tierd.stats import store_stats
@@ -51,11 +52,17 @@ class Daemon:
         self.loader = Loader(self.store)
         self.hints = HintLedger()  # prefetch on time? (the hint, then the engine's ask)
         self.store.on_l1_evicted = self.hints.evicted
-        self.prefetcher = ChainPrefetcher(self.store, self.loader, self.hints)
+        # what the engine holds, known only from its KV events
+        self.residency: EngineResidency | None = None
+        if settings.kv_socket is not None and settings.engine_events:
+            self.residency = EngineResidency()
+        self.prefetcher = ChainPrefetcher(self.store, self.loader, self.hints, self.residency)
         self.snapshotter = Snapshotter(self.store)
         self.kv: KvServer | None = None
         if settings.kv_socket is not None:
-            self.kv = KvServer(self.store, self.loader, settings.kv_socket, self.hints)
+            self.kv = KvServer(
+                self.store, self.loader, settings.kv_socket, self.hints, self.residency
+            )
         self.engine_events: EngineEvents | None = None
         if self.kv is not None and settings.engine_events:
             self.engine_events = EngineEvents(settings.engine_events, self.kv)

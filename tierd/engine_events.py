@@ -2,7 +2,9 @@
 
 A `BlockRemoved` of the engine's device cache means tierd's copy is now the nearest one:
 `KvServer.engine_removed` lets it pass the frequency gate into the array when L1 evicts
-it, instead of being dropped as a block seen once. Decoding is the router's
+it, instead of being dropped as a block seen once. `BlockStored`, `BlockRemoved` and
+`AllBlocksCleared` also keep tierd's view of what the engine holds (`tierd.residency`), so
+a prefetch passes over the blocks the engine will not ask for. Decoding is the router's
 (`contracts.kv_events`): one owner of the event format.
 """
 
@@ -18,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from contracts.kv_events import (
+    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     MalformedEventError,
@@ -65,7 +68,9 @@ class EngineEvents:
             return
         self.counters["batches"] += 1
         for event in batch.events:
-            if not isinstance(event, BlockRemoved | BlockStored):
+            if isinstance(event, AllBlocksCleared):
+                self.kv.engine_cleared()
+                self.counters["cleared"] += 1
                 continue
             if (event.medium or Medium.GPU).upper() != Medium.GPU:
                 continue
@@ -73,6 +78,7 @@ class EngineEvents:
                 self.kv.engine_removed(list(event.block_hashes))
                 self.counters["removed"] += len(event.block_hashes)
             elif isinstance(event, BlockStored):
+                self.kv.engine_stored(list(event.block_hashes))
                 self.counters["stored"] += len(event.block_hashes)
 
     async def close(self) -> None:

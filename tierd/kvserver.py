@@ -32,6 +32,7 @@ from tierd.counters import ThroughputMeter
 from tierd.hints import HintLedger
 from tierd.kvwire import decode_length, encode
 from tierd.loader import Loader
+from tierd.residency import EngineResidency
 from tierd.slices import SliceMeta, make_meta
 from tierd.store import TieredStore
 
@@ -57,10 +58,16 @@ class KvServer:
     """Serves the KV socket of one tierd."""
 
     def __init__(
-        self, store: TieredStore, loader: Loader, path: Path, hints: HintLedger | None = None
+        self,
+        store: TieredStore,
+        loader: Loader,
+        path: Path,
+        hints: HintLedger | None = None,
+        residency: EngineResidency | None = None,
     ) -> None:
         self.store = store
         self.hints = hints
+        self.residency = residency
         self.loader = loader
         self.path = path
         self.namespace = store.settings.kv_namespace
@@ -334,9 +341,21 @@ class KvServer:
         if st.on_array_grew is not None:
             st.on_array_grew()
 
+    def engine_stored(self, hashes: list[int]) -> None:
+        """The engine holds these blocks in its device cache now."""
+        if self.residency is not None:
+            self.residency.stored(hashes)
+
+    def engine_cleared(self) -> None:
+        """The engine dropped its whole device cache."""
+        if self.residency is not None:
+            self.residency.cleared()
+
     def engine_removed(self, hashes: list[int]) -> None:
         """The engine dropped these blocks: tierd's copy is now the nearest one, so it may
         pass the frequency gate into the array when L1 evicts it."""
+        if self.residency is not None:
+            self.residency.removed(hashes)
         for h in hashes:
             entry = self.store.l1.entry(h)
             if entry is not None:

@@ -2,9 +2,12 @@
 
 A hint carries the chain, a deadline (seconds from now) and optionally the session key.
 With a session key the hint opens a new turn of that dialogue (`tierd.sessions`), which
-protects the chain's slices in L1. The slices not yet in L1 are joined to single-flight
-transfers (`tierd.loader`); the prefetch waits for them until the deadline and not a
-moment longer. Per slice the outcome is one of: ``hit`` (already in L1), ``on_time``
+protects the chain's slices in L1. The leading blocks the engine already holds in its own
+device cache (`tierd.residency`, from its KV events) are passed over: the engine asks only
+for the blocks past them, and reading those first is what makes a hint on time. The other
+slices not yet in L1 are joined to single-flight transfers (`tierd.loader`); the prefetch
+waits for them until the deadline and not a moment longer. Per slice the outcome is one
+of: ``on_engine`` (held by the engine, passed over), ``hit`` (already in L1), ``on_time``
 (in L1 before the deadline), ``abandoned`` (not in L1 at the deadline; its transfer is
 cancelled unless someone else still waits for it), ``late`` (the deadline passed while the
 transfer was still needed by another waiter, so it goes on) or ``miss`` (in no tier,
@@ -19,16 +22,26 @@ from typing import Any
 
 from tierd.hints import HintLedger
 from tierd.loader import Loaded, Loader, Transfer
+from tierd.residency import EngineResidency
 from tierd.store import TieredStore
+
+OUTCOMES = ("on_engine", "hit", "on_time", "late", "abandoned", "miss")
 
 
 class ChainPrefetcher:
     """Runs prefetch hints against one store."""
 
-    def __init__(self, store: TieredStore, loader: Loader, hints: HintLedger | None = None) -> None:
+    def __init__(
+        self,
+        store: TieredStore,
+        loader: Loader,
+        hints: HintLedger | None = None,
+        residency: EngineResidency | None = None,
+    ) -> None:
         self.store = store
         self.loader = loader
         self.hints = hints
+        self.residency = residency
 
     async def prefetch(
         self, hashes: list[int], deadline_s: float, session: str | None = None
@@ -43,8 +56,11 @@ class ChainPrefetcher:
             st.sessions.new_turn(session)
             st.sessions.add(session, hashes)
         outcome: Counter[str] = Counter()
-        wanted = set(hashes)
-        transfers, missing = await self.loader.plan(hashes)
+        on_engine = self.residency.held_prefix(hashes) if self.residency is not None else 0
+        outcome["on_engine"] = on_engine
+        fetch = hashes[on_engine:]
+        wanted = set(fetch)
+        transfers, missing = await self.loader.plan(fetch)
         moving: set[int] = set()
         for t in transfers:
             moving.update(wanted.intersection(t.hashes))
@@ -79,11 +95,10 @@ class ChainPrefetcher:
         for task in pending:
             t = by_task[task]
             mine = wanted.intersection(t.hashes)
+            arrived = sum(1 for h in mine if h in st.l1)  # a transfer installs as it reads
+            outcome["on_time"] += arrived
             cancelled = self.loader.release(t)
-            outcome["abandoned" if cancelled else "late"] += len(mine)
+            outcome["abandoned" if cancelled else "late"] += len(mine) - arrived
         for key, n in outcome.items():
             st.counters.prefetch[key] += n
-        return {
-            "blocks": len(hashes),
-            **{k: outcome.get(k, 0) for k in ("hit", "on_time", "late", "abandoned", "miss")},
-        }
+        return {"blocks": len(hashes), **{k: outcome.get(k, 0) for k in OUTCOMES}}

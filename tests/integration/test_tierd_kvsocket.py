@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from contracts.kv_events import (
+    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
@@ -254,3 +255,40 @@ async def test_a_peer_snapshots_what_another_tierd_wrote_and_serves_it_after_the
     finally:
         await a.close()
         await b.close()
+
+
+async def test_the_engines_events_tell_tierd_which_blocks_it_holds(tmp_path: Path) -> None:
+    ctx = zmq.asyncio.Context()
+    engine_pub = ctx.socket(zmq.PUB)
+    engine_pub.setsockopt(zmq.LINGER, 0)
+    engine_ep = f"ipc://{tmp_path}/engine.events"
+    engine_pub.bind(engine_ep)
+    a = await started(settings(tmp_path, "a", engine_events=engine_ep))
+    seq = 0
+
+    def publish(*events: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
+        nonlocal seq
+        batch = EventBatch(time.time(), events)
+        engine_pub.send_multipart(encode_frames("", seq, encode_batch(batch)))
+        seq += 1
+
+    try:
+        held = a.residency
+        assert held is not None
+        stored = BlockStored((90, 91, 92), None, medium="GPU")
+
+        def heard_stored() -> bool:  # a PUB drops what it sends before the SUB is joined
+            publish(stored, BlockStored((7,), None, medium="CPU"))
+            return 92 in held
+
+        await wait_for(heard_stored)
+        assert 7 not in held  # the engine's host tier is not its device cache
+        publish(BlockRemoved((91,), "GPU"))
+        await wait_for(lambda: 91 not in held)
+        assert held.held_prefix([90, 91, 92]) == 1
+        publish(AllBlocksCleared())
+        await wait_for(lambda: len(held) == 0)
+    finally:
+        await a.close()
+        engine_pub.close()
+        ctx.term()

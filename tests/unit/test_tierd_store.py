@@ -14,6 +14,8 @@ from typing import Any
 
 from tierd import events as ev
 from tierd.daemon import Daemon
+from tierd.prefetch import ChainPrefetcher
+from tierd.residency import EngineResidency
 from tierd.settings import TierdSettings
 from tierd.tiers.l2_array import TEMP_PREFIX
 
@@ -139,6 +141,41 @@ async def test_prefetch_past_deadline_is_abandoned_not_waited_for(tmp_path: Path
         out = await d2.prefetcher.prefetch(chain, 5.0)
         assert out["on_time"] == 4 and out["abandoned"] == 0
         assert all(h in d2.store.l1 for h in chain)
+
+
+async def test_a_prefetch_passes_over_the_blocks_the_engine_holds(tmp_path: Path) -> None:
+    chain = [31, 32, 33, 34, 35, 36]
+    async with running(make_settings(tmp_path)) as d:
+        await put_chain(d, chain)
+        await d.evict(None, ev.GPU)  # all six in the array only
+        residency = EngineResidency()
+        residency.stored([31, 32, 33, 35])  # 35 is past the engine's prefix: it asks for it
+        prefetcher = ChainPrefetcher(d.store, d.loader, d.hints, residency)
+        out = await prefetcher.prefetch(chain, 5.0)
+        assert (out["on_engine"], out["on_time"]) == (3, 3)
+        assert [h in d.store.l1 for h in chain] == [False] * 3 + [True] * 3
+        residency.removed([32])  # evicted by the engine: from there on it would ask
+        assert residency.held_prefix(chain) == 1
+        residency.cleared()
+        assert len(residency) == 0
+
+
+async def test_an_array_transfer_installs_its_first_blocks_before_reading_the_last(
+    tmp_path: Path,
+) -> None:
+    chain = list(range(41, 53))  # 12 slices of 1000 bytes
+    # over a 20 kB/s emulated link: 0.2 s a step of 4, 0.6 s the whole transfer
+    slow = make_settings(tmp_path, array_gbps=2e-5, l1_bytes=16 * SLOT)
+    async with running(slow) as d:
+        await put_chain(d, chain)
+        await d.evict(None, ev.GPU)
+        task = asyncio.create_task(d.prefetcher.prefetch(chain, 5.0))
+        while chain[0] not in d.store.l1:
+            assert not task.done()
+            await asyncio.sleep(0.005)
+        assert chain[-1] not in d.store.l1  # the first blocks arrived while the rest is read
+        out = await task
+        assert out["on_time"] == len(chain) and all(h in d.store.l1 for h in chain)
 
 
 async def test_concurrent_gets_of_one_slice_share_one_transfer(tmp_path: Path) -> None:
