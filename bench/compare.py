@@ -106,7 +106,9 @@ async def run_gateway(
     t_start = time.perf_counter()
     env = {**(sink.gateway_env() if sink is not None else {}), **args.gateway_env.get(name, {})}
     fleet_cm = (
-        real_fleet_with_gateway(spec, name, keep_logs=logs, warmgate_env=env)
+        real_fleet_with_gateway(
+            spec, name, keep_logs=logs, warmgate_env=env, source_tree=args.source_trees.get(name)
+        )
         if isinstance(spec, RealFleetSpec)
         else fleet_with_gateway(spec, name, keep_logs=logs, warmgate_env=env)
     )

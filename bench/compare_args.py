@@ -62,11 +62,13 @@ def gateway_env(entries: Sequence[str], gateways: Sequence[str]) -> dict[str, di
 
 def source_trees(
     entries: Sequence[str], gateways: Sequence[str], env: dict[str, dict[str, str]]
-) -> None:
+) -> dict[str, Path]:
     """`--tree NAME=DIR` entries into `env`: warmgate gateway NAME (one of `gateways`) runs
     from the source tree DIR (an earlier commit's checkout, its C extensions built or
     copied), its packages ahead of this checkout's on the path, as `bench overhead --tree`
-    runs one: a before/after of code in one rotated comparison."""
+    runs one: a before/after of code in one rotated comparison. Returns NAME -> DIR, where
+    real engines with tiers take tierd and the connector from too."""
+    trees: dict[str, Path] = {}
     for entry in entries:
         name, eq, tree = entry.partition("=")
         if not (name and eq and tree):
@@ -77,6 +79,8 @@ def source_trees(
             raise ValueError(f"--tree {entry!r}: {tree} holds no warmgate source tree")
         # -P's variable: the working directory (this checkout) is not put ahead of the tree
         env.setdefault(name, {}).update({"PYTHONSAFEPATH": "1", "PYTHONPATH": tree})
+        trees[name] = Path(tree).resolve()
+    return trees
 
 
 def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.Namespace:
@@ -152,7 +156,8 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         "--tree", action="append", default=[], metavar="NAME=DIR",
         help="warmgate gateway NAME (a variant in --gateways) runs from the source tree DIR, "
         f"an earlier commit's checkout with its C extensions built, e.g. "
-        f"warmgate-ttft{VARIANT_MARK}before=/tmp/before: a before/after of code in one run",
+        f"warmgate-ttft{VARIANT_MARK}before=/tmp/before: a before/after of code in one run "
+        "(with --engines vllm --tiers, its tierds and the engines' connector too)",
     )  # fmt: skip
     p.add_argument(
         "--tiers",
@@ -219,7 +224,7 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
         p.error("--repeats must be at least 1")
     try:
         args.gateway_env = gateway_env(args.gateway_env, args.gateways.split(","))
-        source_trees(args.tree, args.gateways.split(","), args.gateway_env)
+        args.source_trees = source_trees(args.tree, args.gateways.split(","), args.gateway_env)
     except ValueError as exc:
         p.error(str(exc))
     defaults = {**(VLLM_DEFAULTS if args.engines == "vllm" else SIM_DEFAULTS)}

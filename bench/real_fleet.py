@@ -236,8 +236,10 @@ async def real_fleet_with_gateway(
     gateway: str | None,
     keep_logs: Path | None = None,
     warmgate_env: Mapping[str, str] | None = None,
+    source_tree: Path | None = None,
 ) -> Any:
-    """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None)."""
+    """Fresh engines (warmed up) and optionally one gateway; yields (fleet, gateway or None).
+    `source_tree`: where tierd and the connector come from (None: this checkout)."""
     # short path: ipc:// socket paths must fit in 107 bytes
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="wg-cmp-"))
     # warmgate's own gateways (round robin included) get tierds; `-bare` and peers do not
@@ -247,8 +249,9 @@ async def real_fleet_with_gateway(
         ("async", "async") if base in ASYNC_TIER_RUNS else (spec.tier_load, spec.tier_lookup)
     )
     # may build the model once
+    tree = {"source_root": source_tree} if source_tree is not None else {}
     fleet = await asyncio.to_thread(
-        lambda: RealFleet(spec, workdir, tiered=tiered, load=load, lookup=lookup)
+        lambda: RealFleet(spec, workdir, tiered=tiered, load=load, lookup=lookup, **tree)
     )
     async with gateway_in_front(fleet, gateway, workdir, keep_logs, warmgate_env) as pair:
         yield pair

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.launch.tiered import TieredFleet
+from tierd.prefetch import OUTCOMES as PREFETCH_OUTCOMES
 
 SUMMED = (
     "loaded_blocks", "load_failed_blocks", "load_us", "saved_blocks", "save_us",
@@ -44,7 +45,7 @@ HINTS = (
     "prefetch_hint_expired", "prefetch_late_absent_at_hint", "prefetch_late_hint_after_ask",
     "prefetch_reasked",
 )  # fmt: skip
-OUTCOMES = ("requests", "hit", "on_time", "late", "abandoned", "miss")
+OUTCOMES = ("requests", *PREFETCH_OUTCOMES)
 
 
 def _collect(fleet: TieredFleet) -> dict[str, Any]:

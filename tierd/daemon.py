@@ -183,4 +183,5 @@ class Daemon:
         out["in_flight_transfers"] = self.loader.in_flight
         out["connector"] = self.kv.stats() if self.kv is not None else None
         out["engine_events"] = self.engine_events.stats() if self.engine_events else None
+        out["engine_held_blocks"] = len(self.residency) if self.residency is not None else None
         return out

@@ -1,12 +1,9 @@
 """Loads into L1 from the array and from snapshots, single-flight.
 
 Every slice being loaded maps to one `Transfer` (a task moving a batch of slices:
-up to `ARRAY_BATCH` array files, or one whole snapshot object). An array transfer reads its
-files `ARRAY_STEP` at a time (in parallel, by the native `read_batch`) and installs each
-step in L1 as soon as it is read, in the order asked: the first blocks of a hinted chain
-are in host memory while the last are still being read, instead of all of them at the end.
-A caller that wants a slice already in flight joins that transfer instead of starting
-another. Callers count as waiters; a waiter that gives up (a prefetch past its
+up to `ARRAY_BATCH` array files read in parallel by the native `read_batch`, or one whole
+snapshot object). A caller that wants a slice already in flight joins that transfer instead
+of starting another. Callers count as waiters; a waiter that gives up (a prefetch past its
 deadline) releases its claim, and a transfer nobody waits for any more is cancelled. The
 emulated link time (`tierd.emulation`) is charged inside the transfer, so cancelling it
 at a deadline stops the charge too. A slice that fails verification is quarantined,
@@ -26,7 +23,6 @@ from tierd.slices import CorruptSliceError, Payload, SliceMeta
 from tierd.store import TieredStore
 
 ARRAY_BATCH = 32
-ARRAY_STEP = 4  # files read (in parallel) and installed together within a transfer
 
 Loaded = dict[int, Payload]
 
@@ -156,12 +152,6 @@ class Loader:
         return data
 
     async def _load_array(self, hashes: list[int]) -> Loaded:
-        out: Loaded = {}
-        for i in range(0, len(hashes), ARRAY_STEP):
-            out.update(await self._load_array_step(hashes[i : i + ARRAY_STEP]))
-        return out
-
-    async def _load_array_step(self, hashes: list[int]) -> Loaded:
         st = self.store
         t0 = time.monotonic()
         results = await asyncio.to_thread(st.array.read, hashes)

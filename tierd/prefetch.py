@@ -95,10 +95,8 @@ class ChainPrefetcher:
         for task in pending:
             t = by_task[task]
             mine = wanted.intersection(t.hashes)
-            arrived = sum(1 for h in mine if h in st.l1)  # a transfer installs as it reads
-            outcome["on_time"] += arrived
             cancelled = self.loader.release(t)
-            outcome["abandoned" if cancelled else "late"] += len(mine) - arrived
+            outcome["abandoned" if cancelled else "late"] += len(mine)
         for key, n in outcome.items():
             st.counters.prefetch[key] += n
         return {"blocks": len(hashes), **{k: outcome.get(k, 0) for k in OUTCOMES}}

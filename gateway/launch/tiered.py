@@ -66,6 +66,12 @@ def connector_config(
     )
 
 
+def source_env(root: Path) -> dict[str, str]:
+    """A child's environment that imports tierd from `root`: first on the path, and the
+    working directory (`-m`'s usual first entry, maybe another checkout) not on it."""
+    return {"PYTHONPATH": str(root), "PYTHONSAFEPATH": "1"}
+
+
 @dataclass(frozen=True)
 class TieredConfig:
     """A fleet of engines with tierds; `fleet` holds what every engine runs with."""
@@ -80,6 +86,9 @@ class TieredConfig:
     save: str = "async"  # the connector's save mode: async (off the critical path) | sync
     saves: tuple[str, ...] = ()  # per engine, overriding `save`
     python: str = sys.executable  # tierd's interpreter (this environment)
+    # the source tree tierd and the engines' connector run from: this checkout, or an
+    # earlier commit's for a before/after of tierd's code (`bench compare --tree`)
+    source_root: Path = REPO_ROOT
     # Residency events: each tierd publishes on ipc://<run_dir>/tierd-<i>.events and, with a
     # Redis, into the pool's stream, which the gateway's index reads (state backend redis).
     redis_url: str | None = None
@@ -89,8 +98,11 @@ class TieredConfig:
 class TierdProcess:
     """One `tierd serve` with a KV socket."""
 
-    def __init__(self, name: str, run_dir: Path, args: list[str]) -> None:
+    def __init__(
+        self, name: str, run_dir: Path, args: list[str], source_root: Path = REPO_ROOT
+    ) -> None:
         self.name = name
+        self.source_root = source_root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.socket = run_dir / f"{name}.sock"
@@ -99,7 +111,7 @@ class TierdProcess:
         self.tree: ProcessTree | None = None
 
     def start(self, timeout_s: float = 30.0) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, **source_env(self.source_root)}
         self.tree = ProcessTree.start(self.name, self.args, self.log_path, env=env)
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -159,6 +171,7 @@ class TieredInstance:
                 f"ipc://{run_dir}/{name}.events",
                 *(["--redis-url", cfg.redis_url, "--pool", cfg.pool] if cfg.redis_url else []),
             ],
+            cfg.source_root,
         )
         self.events_endpoint = f"ipc://{run_dir}/{name}.events"
         self.stats_dir = run_dir / f"connector-{index}"
@@ -176,7 +189,7 @@ class TieredInstance:
                     cfg.saves[index] if index < len(cfg.saves) else cfg.save,
                 ),
             ],
-            extra_env={**fc.extra_env, "PYTHONPATH": str(REPO_ROOT)},
+            extra_env={**fc.extra_env, **source_env(cfg.source_root)},
         )
         ncpu = os.cpu_count() or 1
         core = fc.cores[index] if fc.cores else index % ncpu

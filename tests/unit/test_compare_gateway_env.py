@@ -12,6 +12,8 @@ import pytest
 
 from bench.compare_args import gateway_env, parse_args, source_trees
 from bench.peers import REPO, base_gateway, peer_missing
+from gateway.launch.process import ChildFailedError
+from gateway.launch.tiered import TierdProcess
 
 
 def test_a_variant_runs_its_base_under_its_own_name() -> None:
@@ -82,6 +84,7 @@ def test_a_tree_runs_a_variant_from_another_checkout(tmp_path: Path) -> None:
         cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert run.stdout.strip() == str(tmp_path / "gateway" / "cli.py")
+    assert args.source_trees == {"warmgate-ttft@before": tmp_path.resolve()}
     for bad, why in (
         (f"smg={tmp_path}", "is not one of warmgate's in --gateways"),
         ("warmgate-ttft@before", "not NAME=DIR"),
@@ -89,3 +92,18 @@ def test_a_tree_runs_a_variant_from_another_checkout(tmp_path: Path) -> None:
     ):
         with pytest.raises(ValueError, match=why):
             source_trees([bad], ["warmgate-ttft@before", "smg"], {})
+
+
+def test_a_trees_tierd_runs_from_that_tree(tmp_path: Path) -> None:
+    """Real engines with tiers: a variant's tierd (and connector) come from its tree too,
+    or a before/after of tierd's code would compare this checkout's tierd with itself."""
+    tree = tmp_path / "tree"
+    (tree / "tierd").mkdir(parents=True)
+    (tree / "tierd" / "__init__.py").write_text("")
+    (tree / "tierd" / "cli.py").write_text("print('tierd from', __file__)\n")
+    proc = TierdProcess("tierd-x", tmp_path, [sys.executable, "-m", "tierd.cli"], tree)
+    try:
+        with pytest.raises(ChildFailedError, match=f"tierd from {tree / 'tierd' / 'cli.py'}"):
+            proc.start(timeout_s=10.0)
+    finally:
+        proc.stop()

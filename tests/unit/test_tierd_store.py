@@ -160,24 +160,6 @@ async def test_a_prefetch_passes_over_the_blocks_the_engine_holds(tmp_path: Path
         assert len(residency) == 0
 
 
-async def test_an_array_transfer_installs_its_first_blocks_before_reading_the_last(
-    tmp_path: Path,
-) -> None:
-    chain = list(range(41, 53))  # 12 slices of 1000 bytes
-    # over a 20 kB/s emulated link: 0.2 s a step of 4, 0.6 s the whole transfer
-    slow = make_settings(tmp_path, array_gbps=2e-5, l1_bytes=16 * SLOT)
-    async with running(slow) as d:
-        await put_chain(d, chain)
-        await d.evict(None, ev.GPU)
-        task = asyncio.create_task(d.prefetcher.prefetch(chain, 5.0))
-        while chain[0] not in d.store.l1:
-            assert not task.done()
-            await asyncio.sleep(0.005)
-        assert chain[-1] not in d.store.l1  # the first blocks arrived while the rest is read
-        out = await task
-        assert out["on_time"] == len(chain) and all(h in d.store.l1 for h in chain)
-
-
 async def test_concurrent_gets_of_one_slice_share_one_transfer(tmp_path: Path) -> None:
     # 1000 bytes over a 2 kB/s link: the first transfer lasts 0.5 s, the others join it
     async with running(make_settings(tmp_path, array_gbps=2e-6)) as d:
