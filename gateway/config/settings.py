@@ -273,6 +273,11 @@ class TierSettings(StrictModel):
 
     prefetch: bool = True  # send a prefetch hint to the chosen instance's tierd
     prefetch_deadline_s: float = Field(default=2.0, gt=0)
+    # How long a request may wait for its hint's reads into tierd's host memory before it
+    # is sent (0: not at all, the hint races the request). The engine's connector loads
+    # synchronously: a read not finished at its ask stalls the engine's whole step, every
+    # request on it; held, only this request waits, about as long as it would anyway.
+    prefetch_hold_s: float = Field(default=0.0, ge=0, le=1.0)
     stats_interval_s: float = Field(default=5.0, gt=0)  # poll tierd stats for bandwidths
     # The keys tierd holds slices under (contracts.slices): `approximate` (the gateway's
     # character blocks, what `sim.engine` stores) or `engine` (the engine's own block hashes,

@@ -14,7 +14,6 @@ receive channel). How one engine response is read (relayed, assembled or whole) 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -171,10 +170,7 @@ async def _attempts(
 ) -> Response:
     """The decision's instance, then its fallbacks, until one answers."""
     parsed = life.parsed
-    if pipeline.send_prefetch(routed):
-        # one turn of the loop: the hint's first step writes it to tierd, ahead of the
-        # request whose lookup it races (gateway/pipeline/prefetch.py)
-        await asyncio.sleep(0)
+    await pipeline.hold_for_prefetch(pipeline.send_prefetch(routed))
     order = routed.attempt_order()
     body = upstream_body(parsed, state.settings.stream_upstream)
     if parsed.stream and state.settings.continue_streams:

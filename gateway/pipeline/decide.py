@@ -18,6 +18,7 @@ same decision, the binding included. The `Decision` it returns is the handle the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -154,10 +155,26 @@ class RequestPipeline:
         tiers = self.settings.tiers
         return PrefetchPlan(instance, list(chain), tiers.prefetch_deadline_s, parsed.session_key)
 
-    def send_prefetch(self, routed: Routed) -> bool:
-        """Start the hint in the background (it never delays the request); True when one was
-        started (its first step, which writes it, runs on the loop's next turn)."""
+    def send_prefetch(self, routed: Routed) -> asyncio.Task[None] | None:
+        """Start the hint in the background; its task when one was started (its first step,
+        which writes it, runs on the loop's next turn). With `tiers.prefetch_hold_s` the
+        task ends when tierd has read the chain into host memory (`hold_for_prefetch`)."""
         plan = routed.prefetch
         if plan is None:
-            return False
-        return self.prefetch.hint(plan.instance, plan.chain, plan.deadline_s, plan.session)
+            return None
+        wait = self.settings.tiers.prefetch_hold_s > 0
+        return self.prefetch.hint(
+            plan.instance, plan.chain, plan.deadline_s, plan.session, wait=wait
+        )
+
+    async def hold_for_prefetch(self, hint: asyncio.Task[None] | None) -> None:
+        """Before the request goes: one turn of the loop, which writes the hint to tierd
+        ahead of the request whose lookup it races; with `tiers.prefetch_hold_s`, until
+        tierd has read the chain into host memory, at most that long (the hint goes on)."""
+        if hint is None:
+            return
+        hold = self.settings.tiers.prefetch_hold_s
+        if hold > 0:
+            await asyncio.wait((hint,), timeout=hold)
+        else:
+            await asyncio.sleep(0)

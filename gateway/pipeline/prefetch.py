@@ -78,22 +78,29 @@ class PrefetchHints:
         return self._enabled and instance in self.clients
 
     def hint(
-        self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None = None
-    ) -> bool:
+        self,
+        instance: str,
+        hashes: Sequence[int],
+        deadline_s: float,
+        session: str | None = None,
+        *,
+        wait: bool = False,
+    ) -> asyncio.Task[None] | None:
         """Start a prefetch hint in the background (its first step, on the next turn of the
-        loop, writes it when a kept-alive connection to that tierd is idle); False when none
-        was sent."""
+        loop, writes it when a kept-alive connection to that tierd is idle); None when none
+        was sent. With `wait`, tierd answers once the chain's reads into its host memory
+        are done (or at the deadline), so the task ends then: a request can be held for it."""
         target = self._hint_targets.get(instance)
         if not self._enabled or target is None or not hashes:
-            return False
+            return None
         if len(self._pending) >= self._max_pending:  # tierd is not keeping up: drop hints
             self._metrics.prefetch_hints.labels("dropped").inc()
-            return False
-        body = encode(prefetch_body(hashes, deadline_s, session))
+            return None
+        body = encode(prefetch_body(hashes, deadline_s, session, wait=wait))
         task = asyncio.create_task(self._send(instance, target, body, deadline_s))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        return True
+        return task
 
     async def restore(
         self, instance: str, hashes: Sequence[int], deadline_s: float, session: str | None

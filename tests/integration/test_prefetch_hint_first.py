@@ -2,13 +2,17 @@
 step writes it to a kept-alive connection to tierd, so one turn of the loop (what the proxy
 gives it before posting the request) puts the hint on tierd's socket, before the engine can
 have the request whose lookup it races. A real loopback socket stands in for tierd; the
-test reads what reached it without giving the loop another turn."""
+test reads what reached it without giving the loop another turn. A hint that the request
+waits for (`tiers.prefetch_hold_s`) ends only once a real tierd has the chain in host
+memory."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
+from pathlib import Path
 
 import httpx
 
@@ -17,6 +21,8 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.prefetch import PrefetchHints
 from gateway.upstream.h1pool import H1Pool
 from gateway.upstream.transport import Timeouts
+from tests.support.procs import ManagedProcess, free_port, python_module
+from tierd.client import TierdClient
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -74,3 +80,49 @@ def test_one_turn_of_the_loop_puts_the_hint_on_tierds_socket() -> None:
     assert second.startswith(b"POST /v1/prefetch HTTP/1.1\r\n"), second
     body = json.loads(second.split(b"\r\n\r\n", 1)[1])
     assert body == {"hashes": [4, 5], "deadline_s": 2.0, "session": "player-2", "wait": False}
+
+
+async def test_a_hint_waited_for_ends_when_tierd_holds_the_chain_in_host_memory(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    # 2000-byte slices over a 20 kB/s emulated array link: 0.4 s to read the chain of four
+    tierd = ManagedProcess(
+        python_module(
+            "tierd.cli", "serve", "--port", str(port), "--instance-id", "t0",
+            "--l1-bytes", str(16 * 4096), "--slice-bytes", "4096",
+            "--array-dir", str(tmp_path / "array"), "--snapshot-dir", str(tmp_path / "snap"),
+            "--array-gbps", "2e-5",
+        ),
+        tmp_path / "tierd.log",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    timeouts = Timeouts(connect_s=2.0, read_s=5.0, write_s=5.0, pool_s=2.0)
+    pool = H1Pool(timeouts, max_connections=4, max_keepalive=4)
+    inst = InstanceSettings(id="e0", url="http://127.0.0.1:1", tierd_url=url)
+    try:
+        tierd.wait_http(f"{url}/readyz", timeout_s=30)
+        async with httpx.AsyncClient() as http, TierdClient(url, client=http) as client:
+            chains = {"raced": [11, 12, 13, 14], "held": [21, 22, 23, 24]}
+            for chain in chains.values():
+                parent = None
+                for h in chain:
+                    data = random.Random(h).randbytes(2000)
+                    await client.put_slice(h, data, parent=parent, tokens=16, session="p")
+                    parent = h
+                assert await client.evict(chain, tier="GPU") == len(chain)  # array only
+            hints = PrefetchHints([inst], GatewayMetrics(), http, pool, enabled=True)
+            try:
+                raced = hints.hint("e0", chains["raced"], 2.0, "p")
+                assert raced is not None
+                await raced  # answered at once: the reads go on behind it
+                assert (await client.lookup(chains["raced"]))["leading"]["GPU"] == 0
+                held = hints.hint("e0", chains["held"], 2.0, "p", wait=True)
+                assert held is not None
+                await held  # tierd answers once its reads into host memory are done
+                assert (await client.lookup(chains["held"]))["leading"]["GPU"] == 4
+            finally:
+                await hints.aclose()
+    finally:
+        await pool.aclose()
+        tierd.stop()
