@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from tierd.chain_lookup import leading_run
+
 DEFAULT_CAPACITY = 1 << 20  # blocks remembered; far above any engine's device cache here
 
 
@@ -42,11 +44,6 @@ class EngineResidency:
     def cleared(self) -> None:
         self._held.clear()
 
-    def held_prefix(self, chain: Iterable[int]) -> int:
+    def held_prefix(self, chain: list[int]) -> int:
         """How many leading blocks of `chain` the engine holds."""
-        n = 0
-        for h in chain:
-            if h not in self._held:
-                break
-            n += 1
-        return n
+        return leading_run(chain, self._held.__contains__)
