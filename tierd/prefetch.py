@@ -4,14 +4,13 @@ A hint carries the chain, a deadline (seconds from now) and optionally the sessi
 With a session key the hint opens a new turn of that dialogue (`tierd.sessions`), which
 protects the chain's slices in L1. The leading blocks the engine already holds in its own
 device cache (`tierd.residency`, from its KV events) are passed over: the engine asks only
-for the blocks past them, and reading those first is what makes a hint on time. The other
-slices not yet in L1 are joined to single-flight transfers (`tierd.loader`); the prefetch
-waits for them until the deadline and not a moment longer. Per slice the outcome is one
-of: ``on_engine`` (held by the engine, passed over), ``hit`` (already in L1), ``on_time``
-(in L1 before the deadline), ``abandoned`` (not in L1 at the deadline; its transfer is
-cancelled unless someone else still waits for it), ``late`` (the deadline passed while the
-transfer was still needed by another waiter, so it goes on) or ``miss`` (in no tier,
-or unreadable).
+for the blocks past them, so only those are worth reading. The other slices not yet in L1
+are joined to single-flight transfers (`tierd.loader`); the prefetch waits for them until
+the deadline and not a moment longer. Per slice the outcome is one of: ``on_engine`` (held
+by the engine, passed over), ``hit`` (already in L1), ``on_time`` (in L1 before the
+deadline), ``abandoned`` (not in L1 at the deadline; its transfer is cancelled unless
+someone else still waits for it), ``late`` (the deadline passed while the transfer was
+still needed by another waiter, so it goes on) or ``miss`` (in no tier, or unreadable).
 """
 
 from __future__ import annotations
