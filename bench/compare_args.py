@@ -105,7 +105,8 @@ def parse_args(argv: Sequence[str], description: str | None = None) -> argparse.
     p.add_argument(
         "--peers", default=None,
         help="comma list of smg, smg-prefix-hash, sglang-router, smg-tuned, "
-        "sglang-router-tuned, litellm, dynamo",
+        "sglang-router-tuned, litellm, dynamo; and floor, a reference (bench.proxy_floor "
+        "taking the engines in turn: the least a Python hop adds), never counted a peer",
     )  # fmt: skip
     p.add_argument(
         "--repeats", type=int, default=1,

@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.peers import REFERENCE_GATEWAYS
+
 RATIO_FIGURES = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 LOAD_FIGURE = "machine_load_mean"
 DEFAULT_LOAD_MARGIN = 0.5  # a run whose load is >50% off the other runs' median is flagged
@@ -93,11 +95,13 @@ def spread(repeats: Sequence[Rows], name: str, figure: str) -> float | None:
 
 
 def groups(names: Sequence[str], ours: Sequence[str]) -> dict[str, list[str]]:
-    """Peers by configuration: `defaults` (as installed) and `tuned` (`-tuned` names)."""
-    peers = [n for n in names if n not in ours]
+    """Peers by configuration: `defaults` (as installed) and `tuned` (`-tuned` names); a
+    reference gateway (`floor`) is in a group of its own, never the best of the peers."""
+    peers = [n for n in names if n not in ours and n not in REFERENCE_GATEWAYS]
     return {
         "defaults": [n for n in peers if not n.endswith("-tuned")],
         "tuned": [n for n in peers if n.endswith("-tuned")],
+        "reference": [n for n in names if n in REFERENCE_GATEWAYS],
     }
 
 

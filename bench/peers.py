@@ -15,7 +15,11 @@ the same seed, so every gateway meets identical engines. A gateway is one of:
 - `litellm`: the LiteLLM proxy, one deployment per engine under one model name,
   `routing_strategy: least-busy`;
 - `dynamo`: NVIDIA Dynamo's vLLM worker; `peer_missing()` tries to import it and reports why
-  it cannot run here.
+  it cannot run here;
+- `floor`: not a peer but a reference, `bench.proxy_floor` taking the engines in turn: the
+  least a Python proxy on warmgate's stack does (no parsing, routing or accounting), so that
+  its time outside the engines, set beside warmgate's in the same run, splits warmgate's
+  into what the Python hop costs and what warmgate's own work adds.
 
 A fleet is anything with `engines` (instance id -> base URL), `model` and
 `warmgate_config(policy, port)`: the simulated `Fleet` here, or real vLLM engines
@@ -68,6 +72,8 @@ VARIANT_MARK = "@"
 # the runs whose replay sends what a game server knows ahead: POST /v1/warm before each
 # dialogue's first line, each line's priority class (bench.replay's warms, send_priority)
 GAME_SERVER_RUNS = frozenset({"warmgate-ttft-game"})
+# gateways run beside the peers as a yardstick, never counted as a peer (compare_repeats)
+REFERENCE_GATEWAYS = frozenset({"floor"})
 PEER_BINARIES = {
     "smg": PEERS_VENV / "bin" / "smg",
     "smg-prefix-hash": PEERS_VENV / "bin" / "smg",
@@ -132,6 +138,8 @@ def peer_missing(name: str) -> str | None:
         return None
     if VARIANT_MARK in name:
         return f"{name}: only warmgate's gateways have variants ({', '.join(WARMGATE_POLICIES)})"
+    if name in REFERENCE_GATEWAYS:
+        return None
     binary = PEER_BINARIES.get(name)
     if binary is None:
         return f"unknown gateway {name!r}"
@@ -345,6 +353,12 @@ async def start_gateway(
         env = {"WARMGATE_CONFIG": str(cfg), "WARMGATE_PORT": str(port), **(warmgate_env or {})}
         proc = await Proc.spawn(name, args, log, env)
         await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
+    elif name == "floor":
+        args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port)]
+        for url in fleet.engines.values():
+            args += ["--upstream", url]
+        proc = await Proc.spawn(name, args, log)
+        await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=60)
     elif name in SMG_POLICIES:
         args = smg_command(name, list(fleet.engines.values()), port, free_port())
         proc = await Proc.spawn(name, args, log)

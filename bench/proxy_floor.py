@@ -7,20 +7,24 @@ engine over the gateway's own keep-alive pool (gateway.upstream.h1pool), the ans
 as it arrives. No parsing, routing, accounting, metrics or disconnect watch. Whatever this
 costs per request, warmgate cannot cost less without leaving this server; set against
 smg's figure in the same rounds it says how far the Python edge itself is from a target.
+With several `--upstream`s it takes them in turn (round robin, nothing else): `bench
+compare`'s `floor` gateway, whose time outside the engines is the least a Python hop adds.
 
 `--server raw` is the same relay without uvicorn or ASGI: an asyncio protocol on uvloop
 parsing with httptools itself and writing to the socket (`RawFloorProtocol`), the least a
 Python HTTP edge can do. Its figure against uvicorn's says what replacing the server would
 buy, and against smg's whether any Python edge can reach a target.
 
-    python -m bench.proxy_floor --port P --upstream http://127.0.0.1:E [--server raw]
+    python -m bench.proxy_floor --port P --upstream http://127.0.0.1:E [--upstream ...] \
+        [--server raw]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import httptools
@@ -36,11 +40,15 @@ from gateway.upstream.transport import Timeouts, target_of
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
-class FloorProxy:
-    """An ASGI app: every POST goes to `upstream` + its path, relayed back."""
+def _in_turn(upstreams: Sequence[str]) -> Iterator[str]:
+    return itertools.cycle([u.rstrip("/") for u in upstreams])
 
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
+
+class FloorProxy:
+    """An ASGI app: every POST goes to the next of `upstreams` + its path, relayed back."""
+
+    def __init__(self, upstreams: Sequence[str]) -> None:
+        self.upstreams = _in_turn(upstreams)
         self.pool: H1Pool | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,7 +67,7 @@ class FloorProxy:
                 break
         assert self.pool is not None
         resp = await self.pool.post(
-            target_of(self.upstream + scope["path"]), _HEADERS, b"".join(chunks)
+            target_of(next(self.upstreams) + scope["path"]), _HEADERS, b"".join(chunks)
         )
         content_type = resp.headers.get("content-type", "application/json").encode()
         await send(
@@ -94,8 +102,8 @@ class RawFloorProtocol(asyncio.Protocol):
     write for the head and first chunk, one a chunk after). Requests on a connection are
     answered in order, one at a time, as a client that does not pipeline sends them."""
 
-    def __init__(self, upstream: str, pool: H1Pool) -> None:
-        self.upstream = upstream
+    def __init__(self, upstreams: Iterator[str], pool: H1Pool) -> None:
+        self.upstreams = upstreams
         self.pool = pool
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -131,7 +139,7 @@ class RawFloorProtocol(asyncio.Protocol):
         if method != b"POST":  # readiness
             t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             return
-        resp = await self.pool.post(target_of(self.upstream + path), _HEADERS, body)
+        resp = await self.pool.post(target_of(next(self.upstreams) + path), _HEADERS, body)
         content_type = resp.headers.get("content-type", "application/json")
         head: bytes | None = (
             f"HTTP/1.1 {resp.status_code} OK\r\ncontent-type: {content_type}\r\n"
@@ -147,12 +155,13 @@ class RawFloorProtocol(asyncio.Protocol):
         t.write(b"0\r\n\r\n" if head is None else head + b"0\r\n\r\n")
 
 
-async def _serve_raw(port: int, upstream: str) -> None:
+async def _serve_raw(port: int, upstreams: Sequence[str]) -> None:
     timeouts = Timeouts(connect_s=5.0, read_s=60.0, write_s=30.0, pool_s=30.0)
     pool = H1Pool(timeouts, max_connections=256, max_keepalive=256)
     loop = asyncio.get_running_loop()
+    in_turn = _in_turn(upstreams)  # one turn for all connections
     server = await loop.create_server(
-        lambda: RawFloorProtocol(upstream, pool), "127.0.0.1", port, reuse_address=True
+        lambda: RawFloorProtocol(in_turn, pool), "127.0.0.1", port, reuse_address=True
     )
     async with server:
         await server.serve_forever()
@@ -161,11 +170,14 @@ async def _serve_raw(port: int, upstream: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.proxy_floor", description=__doc__)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--upstream", required=True, help="the engine's base URL")
+    p.add_argument(
+        "--upstream", action="append", required=True,
+        help="an engine's base URL (repeat for several: taken in turn)",
+    )  # fmt: skip
     p.add_argument("--server", choices=("uvicorn", "raw"), default="uvicorn")
     args = p.parse_args(argv)
     if args.server == "raw":
-        uvloop.run(_serve_raw(args.port, args.upstream.rstrip("/")))
+        uvloop.run(_serve_raw(args.port, args.upstream))
         return 0
     config = uvicorn.Config(
         FloorProxy(args.upstream),

@@ -49,7 +49,7 @@ def test_medians_and_the_median_ratio_to_each_peer_and_the_best_of_a_group() -> 
     assert (two["requests"], two["ttft_p50_s"]) == (100, 0.75)
     assert isinstance(two["requests"], int)  # a count stays a count
     groups = cr.groups(list(med), ["warmgate-ttft"])
-    assert groups == {"defaults": ["smg"], "tuned": ["smg-tuned"]}
+    assert groups == {"defaults": ["smg"], "tuned": ["smg-tuned"], "reference": []}
     ratios = cr.peer_ratios(REPEATS, ["warmgate-ttft"], groups)["warmgate-ttft"]
     # per repeat ours/smg at p50: 0.5, 0.444, 0.4 -> median 0.444 (not 0.3 / 0.6 = 0.5)
     assert ratios["smg"]["ttft_p50_s"] == 0.444
@@ -174,3 +174,13 @@ def test_tuned_peers_are_the_same_binaries_with_the_documented_thresholds() -> N
         assert tuned[: len(plain)] == plain
         extra = tuned[len(plain) :]
         assert extra == ["--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5"]
+
+
+def test_the_floor_is_a_reference_never_the_best_peer() -> None:
+    """bench.proxy_floor beside the peers: its own group, whatever its figures."""
+    names = ["warmgate-ttft", "smg", "floor", "smg-tuned"]
+    assert cr.groups(names, ["warmgate-ttft"]) == {
+        "defaults": ["smg"],
+        "tuned": ["smg-tuned"],
+        "reference": ["floor"],
+    }
