@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config.guards import ServerLimits
 from gateway.http.listener import guarded_protocol
+from gateway.http.quiet_server import QuietServer
 from gateway.upstream.h1pool import H1Pool
 from gateway.upstream.transport import Timeouts, target_of
 
@@ -187,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         access_log=False,
         log_level="warning",
     )
-    uvicorn.Server(config).run()
+    QuietServer(config).run()  # the gateway's server, as the gateway runs it
     return 0
 
 

@@ -34,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config.guards import ServerLimits
 from gateway.config.settings import Settings
+from gateway.http.quiet_server import QuietServer
 
 log = logging.getLogger("warmgate.listener")
 
@@ -240,4 +241,4 @@ def serve(app: Any, settings: Settings, log_config: dict[str, Any]) -> None:
     auth = settings.auth
     if auth.admin_port is not None:
         sockets.append(_bind(auth.admin_host, auth.admin_port))
-    uvicorn.Server(config).run(sockets=sockets)
+    QuietServer(config).run(sockets=sockets)

@@ -59,7 +59,11 @@ async def start_shared_state(
         pass  # the loops retry; routing goes on from local state meanwhile
     life.readiness["shared_state"] = runtime.readiness
     life.closers.append(runtime.close)
-    life.spawn(sync.run_inflight_sync(), "shared-inflight")
-    life.spawn(sync.run_stream(), "shared-stream")
-    life.spawn(sync.run_snapshots(), "shared-snapshots")
+    if sync.store.shared:
+        life.spawn(sync.run_inflight_sync(), "shared-inflight")
+        life.spawn(sync.run_stream(), "shared-stream")
+        life.spawn(sync.run_snapshots(), "shared-snapshots")
+    # else (`memory`): this process is the store's only reader and writer (no other replica,
+    # no tierd reaches it), so there is nothing to publish or read back; the loops would wake
+    # the gateway ten times a second for nothing (docs/BENCHMARKS.md, the idle gateway)
     return runtime

@@ -76,6 +76,9 @@ class SharedState(Protocol):
 
     backend: str
     pool: str
+    # whether anyone outside this process reads or writes it (other replicas, tierds): when
+    # not, the gateway runs none of the sync loops over it
+    shared: bool
 
     async def ping(self) -> None:
         """Raise `StateUnavailableError` unless the store answers."""

@@ -17,6 +17,7 @@ from router.state.base import ReplicaLoad, Snapshot, StreamEntry, stream_id_key
 
 class MemoryState:
     backend = "memory"
+    shared = False  # in this process only
 
     def __init__(
         self,

@@ -111,6 +111,7 @@ def _text(value: Any) -> str:
 
 class RedisState:
     backend = "redis"
+    shared = True
 
     def __init__(
         self,

@@ -9,11 +9,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from contracts.kv_events import BlockRemoved, BlockStored, EventBatch, KvEvent, encode_batch
 from contracts.tiers import Tier
+from gateway.config.settings import Settings
+from gateway.lifetime import Lifetime
+from gateway.pipeline.shared_state import start_shared_state
 from router.index import ARRAY, PrefixIndex
 from router.load import LoadView
+from router.policies.round_robin import RoundRobinPolicy
+from router.router import Router
 from router.state.base import STREAM_START, StateUnavailableError
 from router.state.redis import RedisState
 from router.state.sync import StateSync, SyncConfig, SyncObservers
@@ -169,3 +175,28 @@ async def test_inflight_sync_feeds_each_replica_the_others_counts(redis_url: str
     finally:
         for s in stores:
             await s.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_the_sync_loops_run_only_over_a_store_others_share(
+    backend: str, redis_url: str
+) -> None:
+    """A memory store is this process's alone: nothing to publish or read back, so no loop
+    wakes the gateway for it; Redis is read and written by other replicas and tierds."""
+    state = {"backend": backend, "pool": f"t-{uuid.uuid4().hex[:8]}"}
+    if backend == "redis":
+        state["redis_url"] = redis_url
+    settings = Settings.model_validate(
+        {"instances": [{"id": "i0", "url": "http://127.0.0.1:9"}], "state": state}
+    )
+    life = Lifetime()
+    router = Router(RoundRobinPolicy(), PrefixIndex(ttl_s=60.0), LoadView())
+    bindings = await start_shared_state(settings, router, CollectorRegistry(), life)
+    try:
+        loops = sorted(t.get_name() for t in life.background)
+        expected = ["shared-inflight", "shared-snapshots", "shared-stream"]
+        assert loops == (expected if backend == "redis" else [])
+        status = await bindings.readiness()
+        assert status["ok"] and status["backend"] == backend
+    finally:
+        await life.end()
