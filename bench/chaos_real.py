@@ -34,7 +34,8 @@ from bench.chaos_faults import faults
 from bench.chaos_rows import markdown, run_row
 from bench.procs import Proc
 from bench.real_fleet import VLLM_BODY_EXTRA, RealFleet, RealFleetSpec
-from bench.sim_fleet import free_port, wait_http, wait_redis
+from bench.sim_fleet import wait_http, wait_redis
+from gateway.launch.ports import free_port
 from gateway.launch.tiered import TierdProcess
 from gateway.launch.vllm_fleet import VllmEngine
 

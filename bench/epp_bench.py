@@ -38,7 +38,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
 from bench.report import pct
-from bench.sim_fleet import MODEL, SimFleet, free_port
+from bench.sim_fleet import MODEL, SimFleet
+from gateway.launch.ports import free_port
 
 ARMS = ("epp", "explain", "proxy")
 DESTINATION = "x-gateway-destination-endpoint"

@@ -56,12 +56,12 @@ from bench.peers import (
     Fleet,
     FleetSpec,
     Gateway,
-    free_port,
     peer_missing,
     start_gateway,
 )
 from bench.procs import Proc, sched_s
 from bench.report import machine, write_json_md
+from gateway.launch.ports import free_port
 
 TRANSPORTS = ("h1pool", "aiohttp", "httpx")
 STREAMS = 64

@@ -35,7 +35,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any, Protocol
 import yaml
 
 from bench.procs import Proc
+from gateway.launch.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path(os.environ.get("WARMGATE_PEERS_VENV", REPO / ".venv-peers"))
@@ -118,13 +118,6 @@ class EngineFleet(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def base_gateway(name: str) -> str:

@@ -18,16 +18,10 @@ import httpx
 import yaml
 
 from bench.procs import Proc
+from gateway.launch.ports import free_port
 from gateway.launch.process import wait_http as process_wait_http
 
 MODEL = "sim-qwen2.5-32b"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_http(url: str, timeout_s: float = 60.0, proc: Proc | None = None) -> None:

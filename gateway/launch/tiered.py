@@ -27,8 +27,9 @@ from typing import Any
 
 import httpx
 
+from gateway.launch.ports import free_port
 from gateway.launch.process import ChildFailedError, ProcessTree
-from gateway.launch.vllm_fleet import FleetConfig, FleetConfigError, VllmEngine, free_port
+from gateway.launch.vllm_fleet import FleetConfig, FleetConfigError, VllmEngine
 from tierd.slices import HEADER_BYTES, decode_header
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

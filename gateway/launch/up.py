@@ -19,7 +19,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import yaml
 
 from gateway.launch.banner import Interrupted, banner_text
+from gateway.launch.ports import free_port
 from gateway.launch.process import ChildFailedError, ChildNotReadyError, ProcessTree
 from gateway.launch.process import wait_http as wait_for
 
@@ -130,13 +130,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.instances < 1:
         p.error("--instances must be at least 1")
     return args
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

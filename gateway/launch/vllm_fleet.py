@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,19 +49,13 @@ import httpx
 
 from contracts.errors import ConfigurationError
 from gateway.launch.models import engine_python
+from gateway.launch.ports import free_port
 from gateway.launch.process import ChildFailedError, ProcessTree
 
 NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.32's sha256_cbor seed without PYTHONHASHSEED
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # Variables an engine must not inherit from whoever starts it.
 _DROP_ENV = ("PYTHONHASHSEED", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def hash_seed_of(hash_algo: str, pythonhashseed: str | None) -> str | None:

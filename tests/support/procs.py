@@ -6,31 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.launch.ports import free_port as free_port  # the tests pick ports as the launchers do
 from gateway.launch.process import ProcessTree, wait_http
-
-# Ports this test process has handed out. The kernel may give a port that was just freed
-# to the next bind(0): two children told to listen on ports picked back to back could be
-# told the same one, and the second then fails to bind while its URL reaches the first
-# (seen in CI: a gateway replica's checks answered by the other replica).
-_HANDED_OUT: deque[int] = deque(maxlen=4096)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on, and not one handed out before in this process."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.append(port)
-            return port
 
 
 class ManagedProcess(ProcessTree):

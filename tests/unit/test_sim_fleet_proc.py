@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.procs import Proc
-from bench.sim_fleet import free_port
+from gateway.launch.ports import free_port
 from gateway.launch.process import ChildFailedError, ProcessTree, descendants_of
 
 # a leader whose child forks a grandchild that moves to a session of its own
