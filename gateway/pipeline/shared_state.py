@@ -65,5 +65,5 @@ async def start_shared_state(
         life.spawn(sync.run_snapshots(), "shared-snapshots")
     # else (`memory`): this process is the store's only reader and writer (no other replica,
     # no tierd reaches it), so there is nothing to publish or read back; the loops would wake
-    # the gateway ten times a second for nothing (docs/BENCHMARKS.md, the idle gateway)
+    # the gateway six times a second for nothing (docs/BENCHMARKS.md, the idle gateway)
     return runtime
