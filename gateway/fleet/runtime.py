@@ -61,6 +61,7 @@ class Fleet:
         self.records: dict[str, FleetRecord] = {}
         self._version = -1
         self._lock = asyncio.Lock()  # one apply at a time (admin calls and the poll loop)
+        self._applied = asyncio.Event()  # set by each apply: wakes a poll loop asleep
 
     # -- queries -------------------------------------------------------------------------
 
@@ -116,6 +117,7 @@ class Fleet:
             self.records = await self.store.records()
             self._version = version
             self._apply()
+            self._applied.set()
             return True
 
     def _desired(self) -> dict[str, tuple[InstanceSettings, Status]]:
@@ -197,8 +199,14 @@ class Fleet:
         return finished
 
     async def run(self) -> None:
-        """Poll the store and finish drains, forever (cancelled at shutdown)."""
+        """Poll the store and finish drains, forever (cancelled at shutdown). A store no
+        other replica changes (`memory`) moves only by this replica's own calls, which apply
+        at once: then the loop sleeps until an apply leaves a drain to finish, instead of
+        waking the gateway twice a second for nothing."""
         while True:
+            while not self.store.shared and not self.state.health.draining:
+                self._applied.clear()
+                await self._applied.wait()
             with contextlib.suppress(StateUnavailableError):
                 await self.refresh()
                 await self.finish_drains()

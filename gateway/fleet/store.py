@@ -61,6 +61,8 @@ class FleetRecord:
 
 class FleetStore(Protocol):
     backend: str
+    # whether other replicas change it too (else only this process's own calls do)
+    shared: bool
 
     async def version(self) -> int: ...
 
@@ -77,6 +79,7 @@ class FleetStore(Protocol):
 
 class MemoryFleetStore:
     backend = "memory"
+    shared = False
 
     def __init__(self) -> None:
         self._records: dict[str, FleetRecord] = {}
@@ -121,6 +124,7 @@ return 1
 
 class RedisFleetStore:
     backend = "redis"
+    shared = True
 
     def __init__(self, url: str, pool: str, *, timeout_s: float = 0.5) -> None:
         self.url = url
