@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench import proxy_floor
 from bench.overhead import MODES, _body, _one, run_step
 from bench.peers import (
     REPO,
@@ -111,8 +112,7 @@ async def start_floor(fleet: Fleet, workdir: Path, server: str = "uvicorn") -> G
     uvicorn (`floor`) or on a bare asyncio protocol (`floor-raw`)."""
     name = "floor" if server == "uvicorn" else f"floor-{server}"
     port = free_port()
-    args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port), "--server", server]
-    args += ["--upstream", fleet.engines["e0"]]
+    args = proxy_floor.command(port, [fleet.engines["e0"]], server)
     proc = await Proc.spawn(name, args, workdir / f"{name}.log", {})
     await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=60)
     return Gateway(name, f"http://127.0.0.1:{port}/v1", proc, {})

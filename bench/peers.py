@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from bench import proxy_floor
 from bench.procs import Proc
 from gateway.launch.ports import free_port
 
@@ -347,10 +348,7 @@ async def start_gateway(
         proc = await Proc.spawn(name, args, log, env)
         await proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60)
     elif name == "floor":
-        args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port)]
-        for url in fleet.engines.values():
-            args += ["--upstream", url]
-        proc = await Proc.spawn(name, args, log)
+        proc = await Proc.spawn(name, proxy_floor.command(port, list(fleet.engines.values())), log)
         await proc.wait_http(f"http://127.0.0.1:{port}/", timeout_s=60)
     elif name in SMG_POLICIES:
         args = smg_command(name, list(fleet.engines.values()), port, free_port())

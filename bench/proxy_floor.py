@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -39,6 +40,14 @@ from gateway.upstream.h1pool import H1Pool
 from gateway.upstream.transport import Timeouts, target_of
 
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+
+def command(port: int, upstreams: Sequence[str], server: str = "uvicorn") -> list[str]:
+    """The command line that runs this floor on `port` in front of `upstreams`."""
+    args = [sys.executable, "-m", "bench.proxy_floor", "--port", str(port), "--server", server]
+    for url in upstreams:
+        args += ["--upstream", url]
+    return args
 
 
 def _in_turn(upstreams: Sequence[str]) -> Iterator[str]:
