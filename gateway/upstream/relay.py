@@ -255,9 +255,12 @@ class _Relay:
         self.first_instance = self.instance = instance
         self.resp, self.it, self.attempt = resp, it, attempt
         self.resume = resume
-        self.relay = SseRelay(strip_usage=not life.parsed.client_wants_usage)
         # the frames sent, token ids included: what a continuation goes on from
         self.sent: list[bytes] | None = [] if resume is not None else None
+        self.relay = SseRelay(
+            strip_usage=not life.parsed.client_wants_usage,
+            for_reading=None if resume is None else strip_ids,  # the ids are read from `sent`
+        )
         # a continuable stream was asked for token ids (gateway.upstream.token_ids): the
         # client sees them only if it asked too
         self.strip_ids = resume is not None and not client_wants_ids(life.parsed)

@@ -32,6 +32,10 @@ class SseRelay:
 
     strip_usage: bool
     on_chunk: Callable[[dict[str, Any]], None] | None = None  # sees every JSON chunk
+    # the part of a payload decoded to read it, less what the relay never reads (a
+    # continuable stream's token ids: thousands of prompt ids in its opening chunk); None:
+    # the whole payload
+    for_reading: Callable[[bytes], bytes] | None = None
     saw_content: bool = False
     saw_done: bool = False
     saw_finish: bool = False  # a choice ended (finish_reason set)
@@ -79,27 +83,28 @@ class SseRelay:
         return out + (self._event(rest + b"\n\n") if rest.strip() else b"")
 
     def _event(self, frame: bytes) -> bytes:
-        data_lines = [
-            line[5:].lstrip(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")
-        ]
-        if not data_lines:
+        payload = _payload(frame)
+        if payload is None:
             return frame  # comments, keep-alives, other fields: pass as they are
         self.events += 1
-        payload = b"\n".join(data_lines)
         if payload.strip() == b"[DONE]":
             self.saw_done = True
             return frame
-        if not self.saw_finish and _FINISHED.search(payload):
+        # read the opening chunks less what is never read (they carry the prompt's ids)
+        read = payload
+        if self.for_reading is not None and not self.saw_content:
+            read = self.for_reading(payload)
+        if not self.saw_finish and _FINISHED.search(read):
             self.saw_finish = True
         if (
             self.on_chunk is None
             and self.saw_content
-            and b'"usage"' not in payload
-            and b'"error"' not in payload
+            and b'"usage"' not in read
+            and b'"error"' not in read
         ):
             return frame  # fast path: nothing left to learn from or strip in this chunk
         try:
-            chunk, fast = decode(payload)
+            chunk, fast = decode(read)
         except ValueError:
             return frame
         if not isinstance(chunk, dict):
@@ -119,8 +124,21 @@ class SseRelay:
             return frame
         if usage is not None and not chunk.get("choices"):
             return b""  # the usage-only chunk the client did not ask for
+        if read is not payload:  # written again whole: what the reading left out included
+            try:
+                chunk, fast = decode(payload)
+            except ValueError:
+                return frame
         del chunk["usage"]
         return b"data: " + encode(chunk, fast) + b"\n\n"
+
+
+def _payload(frame: bytes) -> bytes | None:
+    """The data of an event (its `data:` lines joined), None when it has none."""
+    if frame.startswith(b"data:") and frame.find(b"\n") == len(frame) - 2:
+        return frame[5:-2].lstrip(b" ")  # one data line, as engines write them
+    lines = [line[5:].lstrip(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 def has_token(chunk: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from gateway.upstream.continuation import (
     continuations,
     so_far,
 )
-from gateway.upstream.token_ids import ask, strip
+from gateway.upstream.token_ids import _IDS, ask, strip
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -63,6 +63,28 @@ def test_strip_removes_the_ids_and_nothing_else() -> None:
     quoted = sse({"choices": [{"text": 'say ,"token_ids":[1] and "prompt_token_ids": [2]'}]})
     assert strip(quoted) == quoted
     assert strip(b": comment\n\n") == b": comment\n\n"
+
+
+def test_strip_cuts_compact_ids_as_the_pattern_would() -> None:
+    """vLLM's compact members are cut by `find`; anything else is left to the pattern, and
+    both give the same bytes."""
+    prompt = ",".join(str(i) for i in range(5000))
+    frames = [
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+        b'"finish_reason":null}],"prompt_token_ids":[' + prompt.encode() + b"]}\n\n",
+        b'data: {"choices":[{"token_ids":[7]}]}\n\n',  # the only member
+        b'data: {"choices":[{"index":0,"text":"a","token_ids":[]}]}\n\n',
+        b'data: {"choices":[{"index":0,"text":"a","token_ids":[7]},'
+        b'{"index":1,"text":"b","token_ids":[8,9]}]}\n\n',
+        b'data: {"choices":[{"index":0,"text":"a", "token_ids": [7, 8]}]}\n\n',  # spaced
+        b'data: {"choices":[{"text":"x","token_ids":[1,"]"]}]}\n\n',  # not ids: kept
+        sse({"choices": [{"text": 'a ,"token_ids":[1]', "token_ids": [4]}]}),
+    ]
+    for frame in frames:
+        assert strip(frame) == _IDS.sub(b"", frame), frame[:80]
+    assert b"token_ids" not in strip(frames[0]) and len(strip(frames[0])) < 200
+    assert strip(frames[5]) == frames[5]
+    assert json.loads(strip(frames[6])[6:]) == {"choices": [{"text": 'a ,"token_ids":[1]'}]}
 
 
 def test_so_far_reads_the_ids_and_continues_by_them() -> None:

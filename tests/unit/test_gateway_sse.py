@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from gateway.upstream.sse import SseRelay, cached_tokens
+from gateway.upstream.token_ids import strip
 
 CHUNKS = [
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None},
@@ -115,3 +116,36 @@ def test_a_stream_cut_after_a_carriage_return_flushes_its_last_event() -> None:
     relay = SseRelay(strip_usage=False)
     out = _events(relay, [b'data: {"choices":[{"index":0,"text":"x"}]}\r'])
     assert out == b'data: {"choices":[{"index":0,"text":"x"}]}\n\n' and relay.saw_content
+
+
+def test_opening_chunks_are_read_less_their_ids_and_relayed_whole() -> None:
+    """A continuable stream's opening chunk carries the prompt's ids: the relay reads it
+    without them (`for_reading`) and relays it as it came; a chunk it writes again (usage
+    taken out) keeps them."""
+    ids = list(range(3000))
+    opening = {
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        "prompt_token_ids": ids,
+    }
+    token = {
+        "choices": [{"index": 0, "delta": {"content": "Hail"}, "token_ids": [5]}],
+        "usage": {"prompt_tokens": 3000, "completion_tokens": 1},  # continuous usage
+        "prompt_token_ids": ids,
+    }
+    opening_frame = b"data: " + json.dumps(opening, separators=(",", ":")).encode() + b"\n\n"
+    token_frame = b"data: " + json.dumps(token, separators=(",", ":")).encode() + b"\n\n"
+    read: list[int] = []
+
+    def for_reading(payload: bytes) -> bytes:
+        read.append(len(payload))
+        return strip(payload)
+
+    relay = SseRelay(strip_usage=True, for_reading=for_reading)
+    assert relay.feed(opening_frame) == [opening_frame]
+    assert not relay.saw_content and read
+    (out,) = relay.feed(token_frame)
+    assert relay.saw_content and relay.usage == token["usage"]
+    assert json.loads(out[6:]) == {"choices": token["choices"], "prompt_token_ids": ids}
+    calls = len(read)
+    relay.feed(token_frame)  # after the first token: nothing to learn by cutting
+    assert len(read) == calls
