@@ -6,7 +6,8 @@ An `Engine` (one immutable object per kind, `gateway.engine.registry.engine_for(
 
 - who it is: `kind` (the `instances[].engine` value) and `label` (for messages);
 - its routes, relative to the instance's URL: `health_path` (200 is healthy), `models_path`
-  (`served_models(answer)` reads the JSON answer), `metrics_path` (Prometheus text),
+  (`served_models(answer)` reads the JSON answer), `metrics_path` (Prometheus text;
+  `load_path` the page the load scrape reads, the same restricted to its series),
   `tokenize_path` (`tokenize_body(payload)` is the body for a tokenize payload, the shape
   local tokenizers take too: `model` and `prompt`, or `messages`, `tools` and
   `add_generation_prompt`; `tokens(answer)` the token ids of its JSON answer);
@@ -130,6 +131,12 @@ class Engine(Protocol):
 
     @property
     def metrics_path(self) -> str: ...
+
+    @property
+    def load_path(self) -> str:
+        """The page the load scrape reads (`load()`): the metrics page, restricted to the
+        load's series where the engine can do that."""
+        ...
 
     @property
     def tokenize_path(self) -> str: ...

@@ -38,6 +38,7 @@ class VllmEngine:
     health_path: str = "/health"
     models_path: str = "/v1/models"
     metrics_path: str = "/metrics"
+    load_path: str = vllm_metrics.LOAD_PATH
     tokenize_path: str = "/tokenize"
     metric_names: MetricNames = vllm_metrics.NAMES
     kv_events: KvEventWire = VLLM_EVENTS

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import urlencode
 
 from gateway.engine.base import EngineCacheConfig, EngineLoad, MetricNames
 
@@ -28,7 +29,7 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
-_LOAD_SERIES = (WAITING, RUNNING, KV_USAGE, BY_SOURCE, CACHED_BY_SOURCE)
+LOAD_SERIES = (WAITING, RUNNING, KV_USAGE, BY_SOURCE, CACHED_BY_SOURCE)
 NAMES = MetricNames(
     waiting=WAITING,
     running=RUNNING,
@@ -93,6 +94,19 @@ def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
     return name.strip(), labels, value
 
 
+def restricted(path: str, names: Iterable[str]) -> str:
+    """`path` asking for the named series alone: prometheus_client's `name[]` parameters.
+    A server that ignores them sends its whole page."""
+    return f"{path}?{urlencode([('name[]', name) for name in names])}"
+
+
+# vLLM 0.32 serves `/metrics` twice: the exact path through prometheus-fastapi-instrumentator
+# (the whole page, `name[]` ignored), anything below it through prometheus_client's own app
+# (`name[]` honoured). The load scrape every 2 s asks the second for its series: 1.9 kB and
+# 0.7-0.9 ms of the API server's CPU, on the engine's core, against 55 kB and 7-8 ms.
+LOAD_PATH = restricted("/metrics/", LOAD_SERIES)
+
+
 def _int(labels: Mapping[str, str], key: str) -> int | None:
     try:
         value = int(labels[key])
@@ -126,7 +140,7 @@ def parse_load(text: str) -> EngineLoad:
     waiting = running = kv = None
     by_source: dict[str, float] = {}
     cached: dict[str, float] = {}
-    for name, labels, value in samples(text, _LOAD_SERIES):
+    for name, labels, value in samples(text, LOAD_SERIES):
         if name == WAITING:
             waiting = (waiting or 0.0) + value
         elif name == RUNNING:

@@ -179,16 +179,20 @@ async def scrape(pages: EnginePages, inst: InstanceSettings, timeout_s: float) -
     """The instance's load, or why there is none. `timeout_s` bounds the whole exchange, so
     one engine never stalls every instance's scrape."""
     engine = inst.adapter
-    path = engine.metrics_path
-    try:
-        resp = await pages.get(f"{inst.url}{path}", timeout_s)
-    except PageUnavailable as exc:
-        return f"{path}: {exc}"
+    deadline = time.monotonic() + timeout_s
+    # the page of the load's series; where an engine serves no such page (another version,
+    # a proxy in front), its whole metrics page
+    for path in dict.fromkeys((engine.load_path, engine.metrics_path)):
+        try:
+            resp = await pages.get(f"{inst.url}{path}", max(0.01, deadline - time.monotonic()))
+        except PageUnavailable as exc:
+            return f"{path}: {exc}"
+        load = engine.load(resp.text) if resp.status_code == 200 else None
+        if load is not None and not load.empty:
+            return load
     if resp.status_code != 200:
         return f"{path} answered {resp.status_code}"
-    load = engine.load(resp.text)
-    # empty: not a page of its kind, nothing to use
-    return f"{path}: none of the engine's load series" if load.empty else load
+    return f"{path}: none of the engine's load series"  # not a page of its kind
 
 
 async def run_scraper(

@@ -223,8 +223,12 @@ def create_app(config: EngineConfig) -> FastAPI:
         return {"prompt": engine.tokenizer.decode(tokens)}
 
     @app.get("/metrics")
+    @app.get("/metrics/")
     async def metrics(request: Request) -> Response:
-        return Response(engine_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # `name[]`: the named series alone, as prometheus_client's app under vLLM's /metrics/
+        names = request.query_params.getlist("name[]")
+        page = engine_of(request).metrics.render(names or None)
+        return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats(request: Request) -> dict[str, Any]:

@@ -172,5 +172,8 @@ class EngineMetrics:
         self._success.labels(self.model, finish_reason).inc()
         self._e2e.observe(e2e_s)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: list[str] | None = None) -> bytes:
+        """The page; with `names`, only those series (their sample names)."""
+        if names is None:
+            return generate_latest(self.registry)
+        return generate_latest(self.registry.restricted_registry(names))

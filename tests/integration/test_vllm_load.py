@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.engine.vllm import VLLM
+from gateway.engine.vllm_metrics import LOAD_SERIES
 from gateway.launch.vllm_fleet import VllmFleet
 from tests.integration.test_vllm_precise import SERVED_MODEL, chat, client, prose
 from tests.support.vllm import VllmFleets, gateway_for
@@ -72,6 +74,24 @@ def test_an_engine_with_requests_waiting_is_vetoed(
         while _engine_view(gw.base, busy.id)["overloaded"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _engine_view(gw.base, busy.id)["overloaded"] is None
+
+
+def test_the_load_scrape_asks_vllm_for_the_series_it_reads(fleet: VllmFleet) -> None:
+    """vLLM honours prometheus_client's `name[]`: the scrape every 2 s reads a page of the
+    load's series, not 55 kB of histograms its API server renders on the engine's core."""
+    engine = fleet.engines[0]
+    whole = httpx.get(f"{engine.url}{VLLM.metrics_path}", timeout=10).text
+    page = httpx.get(f"{engine.url}{VLLM.load_path}", timeout=10).text
+    series = {
+        line.split("{")[0].split(" ")[0]
+        for line in page.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert series == set(LOAD_SERIES), series
+    assert len(page) * 10 < len(whole)
+    load = VLLM.load(page)
+    assert load.waiting is not None and load.kv_usage is not None
+    assert set(load.prompt_tokens_by_source) == set(VLLM.load(whole).prompt_tokens_by_source)
 
 
 def test_engine_accounting_is_beside_warmgates(

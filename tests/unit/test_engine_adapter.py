@@ -61,6 +61,7 @@ def test_each_kind_has_every_member_of_the_protocol(engine: base.Engine) -> None
     assert engine.label
     for path in (engine.health_path, engine.models_path, engine.metrics_path):
         assert path.startswith("/")
+    assert engine.load_path.startswith(engine.metrics_path)
     assert engine.tokenize_path.startswith("/")
     assert (
         engine.priority_header is None or engine.priority_header == engine.priority_header.lower()
@@ -250,6 +251,10 @@ async def test_sim_reads_the_simulated_engines_answers(sim_engine: httpx.AsyncCl
     assert config is not None
     assert (config.block_size, config.hash_algo, config.prefix_caching) == (16, "xxhash_cbor", True)
     assert SIM.kv_capacity(page) == 4096
+    # the load scrape's page: its series alone (prometheus_client's `name[]`, as vLLM's)
+    restricted = (await http.get(SIM.load_path)).text
+    assert SIM.load(restricted) == load and len(restricted) * 4 < len(page)
+    assert SIM.cache_config(restricted) is None
     payload: dict[str, Any] = {
         "model": "sim-m",
         "messages": [{"role": "user", "content": "hello there"}],
